@@ -1,0 +1,91 @@
+"""The one place tensors become JSON and back.
+
+A tensor is {"dtype": name, "shape": [..], "data": base64 of its raw little-endian bytes}.
+Decoding treats the payload as hostile: known dtypes only, exact byte count, a size cap,
+and never pickle. This file is also mounted into the sandbox, so it imports only torch.
+"""
+
+import base64
+import binascii
+import sys
+
+import torch
+
+MAX_BYTES = 64 * 1024 * 1024
+
+DTYPES = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+assert sys.byteorder == "little", "the tensor codec stores little-endian bytes"
+
+
+class CodecError(ValueError):
+    """A tensor that cannot be encoded, or a payload that is not a valid encoded tensor."""
+
+
+def encode(tensor: torch.Tensor) -> dict:
+    """Encode a plain CPU tensor (an nn.Parameter counts as one); refuse anything else."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        raise CodecError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise CodecError(f"expected a dense tensor, got layout {tensor.layout}")
+    if tensor.device.type != "cpu":
+        raise CodecError(f"expected a CPU tensor, got device {tensor.device.type}")
+    if tensor.dtype not in DTYPE_NAMES:
+        raise CodecError(f"unsupported dtype {tensor.dtype}")
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes > MAX_BYTES:
+        raise CodecError(f"tensor of {nbytes} bytes is over the {MAX_BYTES}-byte cap")
+    # A fresh clone owns a storage of exactly numel * itemsize bytes (no offset, no stride tricks).
+    plain = tensor.detach().clone(memory_format=torch.contiguous_format)
+    raw = bytes(plain.untyped_storage())[:nbytes]
+    return {
+        "dtype": DTYPE_NAMES[tensor.dtype],
+        "shape": list(tensor.shape),
+        "data": base64.b64encode(raw).decode("ascii"),
+    }
+
+
+def decode(obj) -> torch.Tensor:
+    """Rebuild a plain torch.Tensor from an encoded dict, or raise CodecError saying what is wrong."""
+    if not isinstance(obj, dict) or set(obj) != {"dtype", "shape", "data"}:
+        keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        raise CodecError(f"expected keys ['data', 'dtype', 'shape'], got {keys}")
+    name, shape, data = obj["dtype"], obj["shape"], obj["data"]
+    if not isinstance(name, str) or name not in DTYPES:
+        raise CodecError(f"unknown dtype {name!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise CodecError(f"shape must be a list of non-negative ints, got {shape!r}")
+    if not isinstance(data, str):
+        raise CodecError(f"data must be a base64 string, got {type(data).__name__}")
+    dtype = DTYPES[name]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel * itemsize > MAX_BYTES:
+            raise CodecError(f"shape {shape} is over the {MAX_BYTES}-byte cap")
+    if len(data) > (numel * itemsize + 2) // 3 * 4:
+        raise CodecError(f"data is longer than shape {shape} of {name} needs")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise CodecError(f"data is not valid base64: {e}") from None
+    if len(raw) != numel * itemsize:
+        raise CodecError(f"data has {len(raw)} bytes, shape {shape} of {name} needs {numel * itemsize}")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
