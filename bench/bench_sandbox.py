@@ -1,0 +1,159 @@
+"""Local sandbox benchmark: prints, in one run, the fork server against a fresh interpreter per sandbox.
+
+    .venv/bin/python bench/bench_sandbox.py [--quick]
+
+- ready: create -> first execute_code answer (an empty cell), p50 / p99; the fork server with its
+  pool refilled between sandboxes and back to back (pool drained), and the naive baseline: a fresh
+  `python` that imports torch, inside the same bwrap isolation, per sandbox;
+- an empty cell's execute_command round trip, p50 / p99;
+- PSS per idle sandbox (sum of Pss in /proc/<pid>/smaps_rollup over the sandbox's processes);
+- how many of 64 concurrent sandboxes each answer a cell that runs a matmul.
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+from prime_sandboxes import CreateSandboxRequest
+
+from ptenv.sandbox.commands import exec_command, parse_exec_reply
+from ptenv.sandbox.local import LocalSandboxClient, sandbox_command
+
+REQUEST = CreateSandboxRequest(name="bench", docker_image="local")
+BASELINE_CODE = (
+    "import torch\n"
+    "from ptenv.session_ns import new_namespace\n"
+    "exec(compile('', '<cell>', 'exec'), new_namespace({}))\n"
+    "print('ready', flush=True)\n"
+)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(values: list[float]) -> str:
+    return f"p50 {pct(values, 0.5) * 1e3:8.1f} ms   p99 {pct(values, 0.99) * 1e3:8.1f} ms   (n={len(values)})"
+
+
+async def empty_cell(client: LocalSandboxClient, sandbox_id: str) -> None:
+    reply = parse_exec_reply((await client.execute_command(sandbox_id, exec_command(""))).stdout)
+    assert reply.status == "ok", reply
+
+
+async def ready_times(client: LocalSandboxClient, n: int, pause: float) -> list[float]:
+    times = []
+    for _ in range(n):
+        await asyncio.sleep(pause)  # with a pause, the pool refills in the background
+        start = time.perf_counter()
+        sandbox = await client.create(REQUEST)
+        await empty_cell(client, sandbox.id)
+        times.append(time.perf_counter() - start)
+        await client.delete(sandbox.id)
+    return times
+
+
+def baseline_times(n: int) -> list[float]:
+    python = os.path.realpath(sys.executable)
+    argv = sandbox_command([python, "-S", "-P", "-c", BASELINE_CODE])
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = proc.stdout.readline()
+        times.append(time.perf_counter() - start)
+        proc.wait()
+        assert line == b"ready\n", line
+    return times
+
+
+def pss_kib(uid: int) -> tuple[int, int]:
+    """(total Pss in KiB, number of processes) over the processes running as `uid`."""
+    total = count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                real_uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            if real_uid != uid:
+                continue
+            with open(f"/proc/{name}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+            count += 1
+        except (OSError, StopIteration):
+            continue
+    return total, count
+
+
+async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int]:
+    sandboxes = [await client.create(REQUEST) for _ in range(n)]
+    uids = []
+    for sandbox in sandboxes:
+        await empty_cell(client, sandbox.id)  # idle = created, one cell run, waiting for the next
+        uids.append(int((await client.execute_command(sandbox.id, "id -u", timeout=10)).stdout))
+    await asyncio.sleep(0.5)
+    measured = [pss_kib(uid) for uid in uids]
+    await client.bulk_delete([s.id for s in sandboxes])
+    return [kib / 1024 for kib, _ in measured], max(count for _, count in measured)
+
+
+async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float]:
+    start = time.perf_counter()
+    sandboxes = await asyncio.gather(*(client.create(REQUEST) for _ in range(n)))
+    code = exec_command("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
+
+    async def answer(sandbox_id: str) -> bool:
+        reply = parse_exec_reply((await client.execute_command(sandbox_id, code)).stdout)
+        return reply.status == "ok" and reply.stdout == "True\n"
+
+    results = await asyncio.gather(*(answer(s.id) for s in sandboxes), return_exceptions=True)
+    elapsed = time.perf_counter() - start
+    await client.bulk_delete([s.id for s in sandboxes])
+    return sum(r is True for r in results), elapsed
+
+
+async def main(quick: bool) -> None:
+    n_ready, n_base, n_cells = (30, 3, 200) if quick else (200, 8, 1000)
+    client = LocalSandboxClient()
+    start = time.perf_counter()
+    first = await client.create(REQUEST)
+    await empty_cell(client, first.id)
+    print(f"first create (starts the fork server) -> first answer: {time.perf_counter() - start:.2f} s")
+
+    cells = []
+    for _ in range(n_cells):
+        t = time.perf_counter()
+        await empty_cell(client, first.id)
+        cells.append(time.perf_counter() - t)
+    await client.delete(first.id)
+
+    pooled = await ready_times(client, n_ready, pause=0.1)
+    burst = await ready_times(client, n_ready, pause=0.0)
+    base = baseline_times(n_base)
+    pss, procs = await idle_pss(client, 32)
+    answered, elapsed = await concurrent(client, 64)
+    client.teardown()
+
+    ratio = pct(base, 0.5) / pct(pooled, 0.5)
+    print(f"ready, fork server, pool refilled : {ms(pooled)}")
+    print(f"ready, fork server, back to back  : {ms(burst)}")
+    print(f"ready, fresh interpreter (naive)  : {ms(base)}")
+    print(f"ready speed-up (p50, pooled)      : {ratio:.0f}x   (back to back {pct(base, 0.5) / pct(burst, 0.5):.0f}x)")
+    print(f"empty cell round trip             : {ms(cells)}")
+    print(
+        f"PSS per idle sandbox (32 idle)    : mean {statistics.mean(pss):.1f} MiB   max {max(pss):.1f} MiB"
+        f"   ({procs} processes each)"
+    )
+    print(f"concurrent sandboxes answering    : {answered}/64 in {elapsed:.1f} s (create + one matmul cell each)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples")
+    asyncio.run(main(parser.parse_args().quick))

@@ -1,0 +1,127 @@
+"""Grade an answer tensor against the reference: a binary score plus one-line diagnostics.
+
+Host-side and pure. The answer is hostile: only an exact `torch.Tensor` gets past the first check,
+so no subclass hook (`__eq__`, `__torch_function__`) ever runs, and nothing is executed from it.
+Semantics: exact shape (no broadcasting), matching dtype family, ints and bools exact, floats
+within |a - e| <= ATOL + RTOL * |e| in float64, where NaN and inf always fail.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ptenv.codec import DTYPE_NAMES
+
+RTOL = 1e-5
+ATOL = 1e-7
+
+
+@dataclass(frozen=True)
+class Verdict:
+    score: float
+    result_present: bool
+    shape_match: bool
+    dtype_match: bool
+    values_match: bool
+    reason: str
+
+
+def dtype_family(dtype: torch.dtype) -> str:
+    """bool, integer, floating or complex; dtypes the codec cannot carry are 'unsupported'."""
+    if dtype not in DTYPE_NAMES:
+        return "unsupported"
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "floating" if dtype.is_floating_point else "integer"
+
+
+def grade(answer, expected: torch.Tensor) -> Verdict:
+    """Score `answer` (a decoded tensor, or None when there was no result) against `expected`.
+
+    Never raises on a bad answer. A bad `expected` is a harness bug and raises ValueError.
+    """
+    if type(expected) is not torch.Tensor or expected.layout != torch.strided or expected.device.type != "cpu" \
+            or dtype_family(expected.dtype) not in ("bool", "integer", "floating"):
+        raise ValueError(f"expected must be a real-valued dense CPU torch.Tensor, got {_describe(expected)}")
+    if answer is None:
+        return Verdict(0.0, False, False, False, False, "no result")
+    if type(answer) is not torch.Tensor:
+        return _fail(f"result is {_describe(answer)}, not a plain torch.Tensor")
+    if answer.is_nested or answer.layout != torch.strided or answer.device.type != "cpu":
+        return _fail(f"result must be a dense CPU tensor, got {_describe(answer)}")
+    if not _storage_covers(answer):  # reading such a tensor crashes torch (no bounds check)
+        return _fail("result's storage is smaller than its shape and strides need")
+    shape_ok = answer.shape == expected.shape
+    dtype_ok = dtype_family(answer.dtype) == dtype_family(expected.dtype)
+    problems = []
+    if not shape_ok:
+        problems.append(f"shape {tuple(answer.shape)} != expected {tuple(expected.shape)}")
+    if not dtype_ok:
+        problems.append(f"dtype {answer.dtype} ({dtype_family(answer.dtype)}) is not in the expected "
+                        f"{dtype_family(expected.dtype)} family")
+    if problems:
+        return Verdict(0.0, True, shape_ok, dtype_ok, False, "; ".join(problems))
+    problem = _value_mismatch(answer.detach(), expected)
+    if problem:
+        return Verdict(0.0, True, True, True, False, problem)
+    return Verdict(1.0, True, True, True, True, "match")
+
+
+def _value_mismatch(answer: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """None when the values match, else one line saying how many differ and where (never the expected values)."""
+    total = expected.numel()
+    if dtype_family(expected.dtype) != "floating":
+        bad = answer.to(torch.int64) != expected.to(torch.int64)
+        if not bad.any():
+            return None
+        if expected.dtype == torch.bool:
+            return f"values: {int(bad.sum())} of {total} elements differ (first at index {_first(bad)})"
+        diff = (answer.to(torch.float64) - expected.to(torch.float64)).abs()
+        return _beyond("differ", bad, diff, total)
+    a, e = answer.to(torch.float64), expected.to(torch.float64)
+    diff = (a - e).abs()
+    # NaN compares False and inf leaves an inf (or NaN) difference, so both fail this test too.
+    bad = ~(diff <= ATOL + RTOL * e.abs())
+    if not bad.any():
+        return None
+    for kind, where in (("NaN", a.isnan()), ("infinite", a.isinf())):
+        if where.any():
+            return f"values: {int(where.sum())} of {total} elements are {kind} (first at index {_first(where)})"
+    return _beyond("beyond tolerance", bad, diff, total)
+
+
+def _storage_covers(t: torch.Tensor) -> bool:
+    if t.numel() == 0:
+        return True
+    last = t.storage_offset() + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
+
+
+def _beyond(verb: str, bad: torch.Tensor, diff: torch.Tensor, total: int) -> str:
+    worst = int(torch.where(bad, diff, -1.0).reshape(-1).argmax())
+    return (f"values: {int(bad.sum())} of {total} elements {verb} "
+            f"(max abs diff {diff.reshape(-1)[worst].item():.3g} at index {_index(worst, bad.shape)})")
+
+
+def _first(mask: torch.Tensor) -> tuple:
+    return _index(int(mask.reshape(-1).int().argmax()), mask.shape)
+
+
+def _index(flat: int, shape: torch.Size) -> tuple:
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def _describe(obj) -> str:
+    if type(obj) is torch.Tensor:
+        return f"a {obj.layout} {obj.dtype} tensor on {obj.device.type}"
+    return f"a {type(obj).__name__}"
+
+
+def _fail(reason: str) -> Verdict:
+    return Verdict(0.0, True, False, False, False, reason)

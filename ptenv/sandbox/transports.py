@@ -1,0 +1,48 @@
+"""The two places a sandbox can live, behind one shape: a prime_sandboxes-like client, the create
+request, and the few steps that differ (starting the session, deleting leftovers at teardown)."""
+
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from prime_sandboxes import CreateSandboxRequest
+
+from ptenv.sandbox.local import LocalSandboxClient
+
+CELL_TIMEOUT = 30  # seconds one execute_code cell may run
+COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
+CELL_MARGIN = 15  # past the cell limit: the session is restarted and the reply sent
+
+
+@dataclass(frozen=True)
+class Transport:
+    client: object  # the prime_sandboxes-like async client
+    request: CreateSandboxRequest
+    create_attempts: int
+    start_session: Callable[[str], Awaitable[None]]  # sandbox id -> session ready for preload
+    delete_all: Callable[[list[str]], Awaitable[object]]  # teardown of leftovers
+    command_timeout: int = COMMAND_TIMEOUT
+    cell_deadline: int = CELL_TIMEOUT + CELL_MARGIN
+
+
+def local() -> Transport:
+    client = LocalSandboxClient(cell_timeout=CELL_TIMEOUT)
+
+    async def session_is_built_in(sandbox_id: str) -> None:
+        """Local sandboxes start with their session running."""
+
+    return Transport(
+        client=client,
+        request=CreateSandboxRequest(name="pytorch-env", docker_image="local"),
+        create_attempts=1,  # a local failure is deterministic: retrying only delays the error
+        start_session=session_is_built_in,
+        delete_all=client.bulk_delete,
+    )
+
+
+TRANSPORTS = {"local": local}
+
+
+def create(name: str) -> Transport:
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown sandbox {name!r}: choose one of {sorted(TRANSPORTS)}")
+    return TRANSPORTS[name]()
