@@ -1,0 +1,38 @@
+"""The main job, as an automated test: scripts/selfcheck.py drives the real vf-eval CLI with the
+scripted policies (reference 45/45, null 0/45, reference -r 3 -c 16), with nothing left running."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import selfcheck  # noqa: E402
+
+
+@pytest.mark.timeout(900)
+def test_selfcheck_passes_through_the_real_vf_eval():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "selfcheck.py")],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=880,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("reference -n 45 -r 1 ") and "45/45 at 1.0, 0 scoring_error -> ok" in line for line in lines)
+    assert any(line.startswith("null ") and "0/45 at 1.0, 0 scoring_error -> ok" in line for line in lines)
+    assert any("-r 3 -c 16" in line and "135/135 at 1.0, 0 scoring_error -> ok" in line for line in lines)
+    assert lines[-1] == "self-check passed"
+
+
+def test_leftover_check_sees_a_process_of_this_run():
+    name, value = selfcheck.MARK.decode().split("=")
+    child = subprocess.Popen(["sleep", "30"], env={**os.environ, name: value})
+    try:
+        assert any(line.startswith(f"{child.pid}:") for line in selfcheck.leftover_sandboxes())
+    finally:
+        child.kill()
+        child.wait()
+    assert not selfcheck.leftover_sandboxes()
