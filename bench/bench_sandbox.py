@@ -7,7 +7,8 @@
   `python` that imports torch, inside the same bwrap isolation, per sandbox;
 - an empty cell's execute_command round trip, p50 / p99;
 - PSS per idle sandbox (sum of Pss in /proc/<pid>/smaps_rollup over the sandbox's processes);
-- how many of 64 concurrent sandboxes each answer a cell that runs a matmul.
+- how many of 64 concurrent sandboxes each answer a cell that runs a matmul, and their PSS;
+- a first optimiser step in a fresh sandbox (the fork server warmed that path up).
 """
 
 import argparse
@@ -91,19 +92,24 @@ def pss_kib(uid: int) -> tuple[int, int]:
     return total, count
 
 
-async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int]:
-    sandboxes = [await client.create(REQUEST) for _ in range(n)]
-    uids = []
-    for sandbox in sandboxes:
-        await empty_cell(client, sandbox.id)  # idle = created, one cell run, waiting for the next
-        uids.append(int((await client.execute_command(sandbox.id, "id -u", timeout=10)).stdout))
+async def pss_mib(client: LocalSandboxClient, sandbox_ids: list[str]) -> tuple[list[float], int]:
+    """PSS of each sandbox, and the most processes one had."""
+    uids = [int((await client.execute_command(i, "id -u", timeout=10)).stdout) for i in sandbox_ids]
     await asyncio.sleep(0.5)
     measured = [pss_kib(uid) for uid in uids]
-    await client.bulk_delete([s.id for s in sandboxes])
     return [kib / 1024 for kib, _ in measured], max(count for _, count in measured)
 
 
-async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float]:
+async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int]:
+    sandboxes = [await client.create(REQUEST) for _ in range(n)]
+    for sandbox in sandboxes:
+        await empty_cell(client, sandbox.id)  # idle = created, one cell run, waiting for the next
+    measured = await pss_mib(client, [s.id for s in sandboxes])
+    await client.bulk_delete([s.id for s in sandboxes])
+    return measured
+
+
+async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float, list[float]]:
     start = time.perf_counter()
     sandboxes = await asyncio.gather(*(client.create(REQUEST) for _ in range(n)))
     code = exec_command("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
@@ -114,12 +120,24 @@ async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float]:
 
     results = await asyncio.gather(*(answer(s.id) for s in sandboxes), return_exceptions=True)
     elapsed = time.perf_counter() - start
+    pss, _ = await pss_mib(client, [s.id for s in sandboxes])
     await client.bulk_delete([s.id for s in sandboxes])
-    return sum(r is True for r in results), elapsed
+    return sum(r is True for r in results), elapsed, pss
+
+
+async def optimiser_step(client: LocalSandboxClient) -> float:
+    sandbox = await client.create(REQUEST)
+    code = "m = torch.nn.Linear(8, 1)\nopt = torch.optim.Adam(m.parameters())\nm(torch.ones(8)).sum().backward()\nopt.step()"
+    start = time.perf_counter()
+    reply = parse_exec_reply((await client.execute_command(sandbox.id, exec_command(code))).stdout)
+    elapsed = time.perf_counter() - start
+    assert reply.status == "ok", reply
+    await client.delete(sandbox.id)
+    return elapsed
 
 
 async def main(quick: bool) -> None:
-    n_ready, n_base, n_cells = (30, 3, 200) if quick else (200, 8, 1000)
+    n_ready, n_base, n_cells = (30, 3, 200) if quick else (100, 5, 500)
     client = LocalSandboxClient()
     start = time.perf_counter()
     first = await client.create(REQUEST)
@@ -137,7 +155,8 @@ async def main(quick: bool) -> None:
     burst = await ready_times(client, n_ready, pause=0.0)
     base = baseline_times(n_base)
     pss, procs = await idle_pss(client, 32)
-    answered, elapsed = await concurrent(client, 64)
+    answered, elapsed, busy_pss = await concurrent(client, 64)
+    step = await optimiser_step(client)
     client.teardown()
 
     ratio = pct(base, 0.5) / pct(pooled, 0.5)
@@ -151,6 +170,8 @@ async def main(quick: bool) -> None:
         f"   ({procs} processes each)"
     )
     print(f"concurrent sandboxes answering    : {answered}/64 in {elapsed:.1f} s (create + one matmul cell each)")
+    print(f"PSS per sandbox (those 64)        : mean {statistics.mean(busy_pss):.1f} MiB   max {max(busy_pss):.1f} MiB")
+    print(f"first optimiser step in a sandbox : {step * 1e3:.1f} ms (Linear + Adam + backward + step)")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ class PyTorchState(vf.State):
 
 
 class PyTorchToolsConfig(vf.SharedToolsetConfig):
-    relay: str = ""  # the eval process's relay socket
-    cell_deadline: float = 0.0
-    command_timeout: float = 0.0
+    relay: str  # the eval process's relay socket
+    cell_deadline: float
+    command_timeout: float
 
 
 class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
@@ -43,8 +43,8 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         """
         try:
             return await session.run_cell(self.sandbox, self._sandbox_id(), code, self.config.cell_deadline)
-        except session.CellTimeout as e:
-            return f"Error: {e}"
+        except Exception as e:  # v1 shows the model the error; finalize then finds the sandbox broken
+            raise RuntimeError(f"the sandbox did not answer: {session.one_line(e)}") from None
 
     @vf.tool
     async def bash(self, command: str) -> str:
@@ -58,6 +58,8 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
             response = await self.sandbox.execute_command(self._sandbox_id(), command, timeout=timeout)
         except CommandTimeoutError:
             return f"Error: Command timed out after {timeout:g}s"
+        except Exception as e:
+            raise RuntimeError(f"the sandbox did not answer: {session.one_line(e)}") from None
         # The classic SandboxEnv's `bash` answers in this form; keep the two adapters alike.
         output = response.stdout
         if response.stderr:

@@ -68,7 +68,7 @@ def preload_command(inputs: dict[str, torch.Tensor]) -> str:
 def exec_command(code: str) -> str:
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
-    return "ptenv-session exec " + base64.b64encode(code.encode("utf-8", "surrogatepass")).decode("ascii")
+    return "ptenv-session exec " + base64.b64encode(code.encode()).decode("ascii")
 
 
 def parse_exec_reply(stdout: str) -> CellReply:

@@ -8,6 +8,7 @@ forked ahead, so `create` is a queue pop and the first cell answers in milliseco
 
 import asyncio
 import atexit
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -33,7 +34,8 @@ from prime_sandboxes import (
     SandboxNotRunningError,
 )
 
-from ptenv.sandbox.worker import FRAME, GRACE, MAX_FRAME, SCRATCH_MB, recv_frame
+from ptenv.sandbox.framing import FRAME, MAX_FRAME, recv_frame
+from ptenv.sandbox.worker import GRACE, SCRATCH_MB, WORKER_FILES
 
 POOL_SIZE = 4  # idle sandboxes kept ready
 START_TIMEOUT = 60.0  # fork server start (imports torch)
@@ -43,13 +45,6 @@ DEFAULT_TIMEOUT = 300.0  # prime_sandboxes' default per command
 UID_SLOTS = 1 << 16  # each client takes a random block of uids; one uid per sandbox
 PTENV_ROOT = "/opt/ptenv"
 SITE_PACKAGES = "/opt/site-packages"
-WORKER_FILES = (
-    "ptenv/__init__.py",
-    "ptenv/codec.py",
-    "ptenv/session_ns.py",
-    "ptenv/sandbox/__init__.py",
-    "ptenv/sandbox/worker.py",
-)
 ETC_FILES = (
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
@@ -154,7 +149,6 @@ class LocalSandboxClient:
         self.cell_timeout = cell_timeout
         self.memory_limit_mb = memory_limit_mb
         self._boxes: dict[str, _Box] = {}
-        self._deleted: set[str] = set()
         self._pool: queue.Queue = queue.Queue()  # idle _Box, or the error that stopped the refill
         self._cond = threading.Condition()
         self._waiting = 0
@@ -219,30 +213,25 @@ class LocalSandboxClient:
         reply = await self._roundtrip(box, request, timeout + GRACE + HOST_MARGIN)
         if reply.get("timed_out") is True:
             raise CommandTimeoutError(sandbox_id, short(command), timeout)
-        try:
-            if "error" in reply:
-                raise ValueError(reply["error"])
-            return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
-        except (KeyError, TypeError, ValueError) as e:
-            self._stop(box, f"it sent a bad reply ({one_line(e)})")
-            raise SandboxNotRunningError(sandbox_id, message=f"sandbox {sandbox_id} {box.dead}") from None
+        if "error" in reply:  # the supervisor could not serve the command (e.g. the model broke it)
+            self._stop(box, one_line(reply["error"]))
+        else:
+            try:
+                return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
+            except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+                self._stop(box, "it sent a malformed reply")
+        raise not_running(box)
 
     async def delete(self, sandbox_id: str) -> dict:
-        """Kill the sandbox and everything in it (idempotent for sandboxes this client created)."""
-        if sandbox_id in self._deleted:
-            return {"success": True, "id": sandbox_id}
-        box = self._known_box(sandbox_id)
-        await self._delete([box])
+        """Kill the sandbox and everything in it. An unknown id counts as already deleted, so a
+        retried delete (SandboxEnv retries) succeeds."""
+        await self._delete([self._boxes[sandbox_id]] if sandbox_id in self._boxes else [])
         return {"success": True, "id": sandbox_id}
 
     async def bulk_delete(self, sandbox_ids: list[str]) -> BulkDeleteSandboxResponse:
-        boxes = [self._boxes[i] for i in sandbox_ids if i in self._boxes]
-        await self._delete(boxes)
-        known = self._deleted.union(b.id for b in boxes)
-        failed = [{"sandbox_id": i, "error": "unknown sandbox"} for i in sandbox_ids if i not in known]
-        succeeded = [i for i in sandbox_ids if i in known]
+        await self._delete([self._boxes[i] for i in sandbox_ids if i in self._boxes])
         return BulkDeleteSandboxResponse(
-            succeeded=succeeded, failed=failed, message=f"deleted {len(succeeded)} of {len(sandbox_ids)} sandboxes"
+            succeeded=list(sandbox_ids), failed=[], message=f"deleted {len(sandbox_ids)} sandboxes"
         )
 
     def teardown(self) -> None:
@@ -256,6 +245,7 @@ class LocalSandboxClient:
             self._zygote.wait()
         for box in list(self._boxes.values()):
             self._stop(box, "the sandbox client was torn down")
+            box.sock.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         if self._control is not None:
@@ -263,24 +253,19 @@ class LocalSandboxClient:
 
     # -- sandboxes
 
-    def _known_box(self, sandbox_id: str) -> _Box:
+    def _live_box(self, sandbox_id: str) -> _Box:
         box = self._boxes.get(sandbox_id)
         if box is None:
-            gone = "was deleted" if sandbox_id in self._deleted else "does not exist"
-            raise SandboxNotRunningError(sandbox_id, message=f"sandbox {sandbox_id} {gone}")
-        return box
-
-    def _live_box(self, sandbox_id: str) -> _Box:
-        box = self._known_box(sandbox_id)
+            raise SandboxNotRunningError(sandbox_id, message=f"sandbox {sandbox_id} does not exist or was deleted")
         if box.dead:
-            raise SandboxNotRunningError(sandbox_id, message=f"sandbox {sandbox_id} is not running: {box.dead}")
+            raise not_running(box)
         return box
 
     async def _roundtrip(self, box: _Box, request: dict, wait: float) -> dict:
         loop = asyncio.get_running_loop()
         async with box.lock:
             if box.dead:
-                raise SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}")
+                raise not_running(box)
             payload = json.dumps(request).encode()
             try:
                 async with asyncio.timeout(wait):
@@ -291,20 +276,20 @@ class LocalSandboxClient:
                 raise CommandTimeoutError(box.id, short(request["command"]), request["timeout"]) from None
             except (OSError, ValueError) as e:
                 self._stop(box, f"its channel failed ({one_line(e)})")
-                raise SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}") from None
+                raise not_running(box) from None
             except BaseException:  # cancelled mid-command: the reply would come out of step
                 self._stop(box, "a command was interrupted")
                 raise
             if frame is None:
                 self._stop(box, "its supervisor exited")
-                raise SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}")
+                raise not_running(box)
             try:
                 reply = json.loads(frame)
             except ValueError:
                 reply = None
             if not isinstance(reply, dict):
                 self._stop(box, "it sent a malformed reply")
-                raise SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}")
+                raise not_running(box)
             return reply
 
     def _stop(self, box: _Box, reason: str) -> None:
@@ -326,7 +311,6 @@ class LocalSandboxClient:
             async with box.lock:  # a command in flight has ended: its supervisor is gone
                 box.sock.close()
             self._boxes.pop(box.id, None)
-            self._deleted.add(box.id)
 
     def _kill(self, boxes: list[_Box]) -> None:
         """Have the fork server SIGKILL each supervisor (and so its pid namespace) and reap it."""
@@ -395,7 +379,8 @@ class LocalSandboxClient:
         except TimeoutError:
             ready = b""
         if not ready:
-            os.killpg(self._zygote.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._zygote.pid, signal.SIGKILL)
             _, err = self._zygote.communicate(timeout=10)
             lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
             reason = lines[-1].strip() if lines else f"it exited with code {self._zygote.returncode}"
@@ -412,21 +397,21 @@ class LocalSandboxClient:
         uid = self._uid_base + self._slots % UID_SLOTS
         self._slots += 1
         request = {"op": "spawn", "uid": uid, "cell_timeout": self.cell_timeout, "memory_mb": self.memory_limit_mb}
-        with self._control_lock:
-            self._control.settimeout(SPAWN_TIMEOUT)
-            socket.send_fds(self._control, [json.dumps(request).encode()], [sandbox_end.fileno()])
-            msg = self._control.recv(65536)
-        sandbox_end.close()
-        if not msg:
-            raise SandboxUnavailableError(f"the sandbox fork server exited; {NO_FALLBACK}")
-        reply = json.loads(msg)
-        if "error" in reply:
-            raise SandboxUnavailableError(reply["error"])
-        host_end.settimeout(SPAWN_TIMEOUT)
-        frame = recv_frame(host_end)
-        ready = json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
-        if "error" in ready:
-            raise SandboxUnavailableError(f"{ready['error']}; {NO_FALLBACK}")
+        try:
+            with self._control_lock, sandbox_end:
+                self._control.settimeout(SPAWN_TIMEOUT)
+                socket.send_fds(self._control, [json.dumps(request).encode()], [sandbox_end.fileno()])
+                msg = self._control.recv(65536)
+            reply = json.loads(msg) if msg else {"error": "the sandbox fork server exited"}
+            if "error" not in reply:
+                host_end.settimeout(SPAWN_TIMEOUT)
+                frame = recv_frame(host_end)
+                reply |= json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
+            if "error" in reply:
+                raise SandboxUnavailableError(f"{reply['error']}; {NO_FALLBACK}")
+        except BaseException:
+            host_end.close()
+            raise
         host_end.setblocking(False)
         return _Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=reply["pid"], uid=uid, sock=host_end)
 
@@ -450,6 +435,10 @@ async def recv_exact_async(loop: asyncio.AbstractEventLoop, sock: socket.socket,
             return None
         got += k
     return bytes(buf)
+
+
+def not_running(box: _Box) -> SandboxNotRunningError:
+    return SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}")
 
 
 def short(command: str) -> str:

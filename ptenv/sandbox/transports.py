@@ -39,7 +39,23 @@ def local() -> Transport:
     )
 
 
-TRANSPORTS = {"local": local}
+def prime() -> Transport:
+    # Imported here: the Prime client is only needed, and only available, with classic verifiers.
+    from verifiers.legacy.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
+
+    from ptenv.sandbox import prime
+
+    client = ThreadedAsyncSandboxClient()
+    return Transport(
+        client=client,
+        request=prime.sandbox_request(CELL_TIMEOUT),
+        create_attempts=5,  # the service can fail transiently
+        start_session=lambda sandbox_id: prime.wait_for_session(client, sandbox_id),
+        delete_all=prime.delete_all,
+    )
+
+
+TRANSPORTS = {"local": local, "prime": prime}
 
 
 def create(name: str) -> Transport:

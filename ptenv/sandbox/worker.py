@@ -24,7 +24,6 @@ import resource
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 import traceback
@@ -32,20 +31,28 @@ import traceback
 import torch
 
 from ptenv import codec
+from ptenv.sandbox.framing import recv_frame, send_frame
 from ptenv.session_ns import new_namespace
 
+# This module and everything it imports of this package: all a sandbox ever sees of it.
+WORKER_FILES = (
+    "ptenv/__init__.py",
+    "ptenv/codec.py",
+    "ptenv/session_ns.py",
+    "ptenv/sandbox/__init__.py",
+    "ptenv/sandbox/framing.py",
+    "ptenv/sandbox/worker.py",
+)
 CAP = 16 * 1024  # bytes of stdout / stderr / traceback kept per cell or command
-GRACE = 1.0  # seconds the supervisor waits past a cell's limit before killing the session
+GRACE = 2.0  # seconds the supervisor waits past a cell's limit before killing the session
 SCRATCH_MB = 256  # private writable /tmp (tmpfs: it vanishes with the sandbox)
 SHM_MB = 64
 FILE_MB = 128
 NPROC = 64
 NOFILE = 1024
-CPU_PER_CELL_LIMIT = 10  # CPU seconds per process = this many full-length cells
+CPU_PER_CELL_LIMIT = 10  # CPU seconds per session or shell = this many full-length cells
 SANDBOX_PATH = "/tmp"
-
-FRAME = struct.Struct(">Q")
-MAX_FRAME = 160 << 20  # a 64 MiB result tensor is about 86 MB of JSON
+SESSION_BROKEN = 70
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -63,36 +70,6 @@ def check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-# ---------------------------------------------------------------- framing (length-prefixed bytes)
-
-
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(FRAME.pack(len(payload)))
-    sock.sendall(payload)
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> bytes | None:
-    """One frame, or None at end of stream; raises ValueError on an oversized frame."""
-    header = recv_exact(sock, FRAME.size)
-    if header is None:
-        return None
-    (n,) = FRAME.unpack(header)
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes is over the {MAX_FRAME}-byte cap")
-    return recv_exact(sock, n)
 
 
 def close_fds_except(keep: set[int]) -> None:
@@ -162,18 +139,18 @@ def spawn(channel_fd: int, request: dict, own_pid_ns: int, control: socket.socke
     """Fork the sandbox's supervisor as PID 1 of a new pid namespace; return its pid."""
     try:
         check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-        pid = os.fork()
+        pid, error = os.fork(), None
     except OSError as e:
-        return {"error": f"cannot create the sandbox: {e}"}
+        pid, error = None, e
     if pid == 0:
         os.close(control.detach())
         try:
-            Supervisor(channel_fd, request).serve()
+            start_sandbox(channel_fd, request)
         finally:
             os._exit(0)
     # Children forked later must land in our own pid namespace again, not in the new one.
     check(libc.setns(own_pid_ns, CLONE_NEWPID), "setns(pid)")
-    return {"pid": pid}
+    return {"error": f"cannot create the sandbox: {error}"} if error else {"pid": pid}
 
 
 def reap_supervisors(live: dict[int, int]) -> None:
@@ -205,6 +182,8 @@ def kill_supervisors(live: dict[int, int], sandboxes: list[tuple[int, int]]) -> 
 
 def describe(status: int) -> str:
     code = os.waitstatus_to_exitcode(status)
+    if code == SESSION_BROKEN:
+        return "broke (a cell damaged the code that runs cells)"
     if code >= 0:
         return f"exited with code {code}"
     name = signal.Signals(-code).name
@@ -289,60 +268,74 @@ def with_notice(capture: Capture) -> str:
     return text + f"\n[... {capture.cut} more bytes cut]" if capture.cut else text
 
 
-class Supervisor:
-    """Serves the host's commands for one sandbox; owns the session and the shells."""
+def start_sandbox(channel_fd: int, config: dict) -> None:
+    """In the freshly forked PID 1 of a local sandbox: isolate, then serve the host's channel."""
+    channel = socket.socket(fileno=channel_fd)
+    try:
+        isolate(config["uid"], config["memory_mb"], channel.fileno())
+    except BaseException as e:
+        send_frame(channel, json.dumps({"error": f"cannot isolate the sandbox: {e}"}).encode())
+        raise
+    supervisor = Supervisor(channel, config["cell_timeout"], owns_pid_namespace=True)
+    send_frame(channel, json.dumps({"ready": True}).encode())
+    supervisor.serve()
 
-    def __init__(self, channel_fd: int, config: dict):
-        self.uid = config["uid"]
-        self.cell_timeout = config["cell_timeout"]
-        self.channel = socket.socket(fileno=channel_fd)
-        try:
-            self.isolate(config["memory_mb"])
-        except BaseException as e:
-            send_frame(self.channel, json.dumps({"error": f"cannot isolate the sandbox: {e}"}).encode())
-            raise
+
+def isolate(uid: int, memory_mb: int, channel_fd: int) -> None:
+    """Own mount, network, IPC and UTS namespaces, a fresh /proc and scratch, rlimits, and no root."""
+    check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    # A fresh /proc shows only this sandbox's processes.
+    check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+    for path, mb in ((b"/tmp", SCRATCH_MB), (b"/dev/shm", SHM_MB)):
+        opts = f"size={mb}m,mode=0700,uid={uid},gid={uid}".encode()
+        check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {path}")
+    check(libc.sethostname(b"sandbox", 7), "sethostname")
+    close_fds_except({channel_fd})
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    # The address space already holds torch (copy-on-write from the fork server).
+    with open("/proc/self/status") as f:
+        vm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    limits = {
+        resource.RLIMIT_AS: vm_kb * 1024 + memory_mb * 1024 * 1024,
+        resource.RLIMIT_NPROC: NPROC,  # per uid, and each sandbox has its own uid
+        resource.RLIMIT_FSIZE: FILE_MB * 1024 * 1024,
+        resource.RLIMIT_NOFILE: NOFILE,
+        resource.RLIMIT_CORE: 0,
+    }
+    for which, value in limits.items():
+        resource.setrlimit(which, (value, value))
+    # Dropping from uid 0 to another uid clears every capability.
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    # Not dumpable: the model's processes (same uid) cannot ptrace us or read our memory.
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+    os.chdir(SANDBOX_PATH)
+
+
+class Supervisor:
+    """Serves the commands for one sandbox; owns the session and the shells.
+
+    Locally it is PID 1 of the sandbox's own PID namespace, so everything else in there is the
+    model's to kill. In a container it serves the session beside other processes (serve()), and
+    only ever kills what it started."""
+
+    def __init__(self, channel: socket.socket, cell_timeout: float, owns_pid_namespace: bool):
+        self.channel = channel  # its end means the sandbox was deleted
+        self.cell_timeout = cell_timeout
+        self.owns_pid_namespace = owns_pid_namespace
+        # Not on the supervisor itself: it lives as long as the sandbox.
+        cpu = max(1, round(CPU_PER_CELL_LIMIT * self.cell_timeout))
+        self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
         self.env = dict(os.environ)
         self.inputs = "{}"  # encoded inputs as JSON text; every fresh session loads them
         self.session = None
         self.start_session()
-        send_frame(self.channel, json.dumps({"ready": True}).encode())
-
-    def isolate(self, memory_mb: int) -> None:
-        check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-        # A fresh /proc shows only this sandbox's processes.
-        check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-        uid = self.uid
-        for path, mb in ((b"/tmp", SCRATCH_MB), (b"/dev/shm", SHM_MB)):
-            opts = f"size={mb}m,mode=0700,uid={uid},gid={uid}".encode()
-            check(libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"mount {path}")
-        check(libc.sethostname(b"sandbox", 7), "sethostname")
-        close_fds_except({self.channel.fileno()})
-        devnull = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.close(devnull)
-        # The address space already holds torch (copy-on-write from the fork server).
-        vm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:"))
-        cpu = max(1, round(CPU_PER_CELL_LIMIT * self.cell_timeout))
-        limits = {
-            resource.RLIMIT_AS: vm_kb * 1024 + memory_mb * 1024 * 1024,
-            resource.RLIMIT_NPROC: NPROC,  # per uid, and each sandbox has its own uid
-            resource.RLIMIT_FSIZE: FILE_MB * 1024 * 1024,
-            resource.RLIMIT_NOFILE: NOFILE,
-            resource.RLIMIT_CORE: 0,
-        }
-        for which, value in limits.items():
-            resource.setrlimit(which, (value, value))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
-        # Dropping from uid 0 to another uid clears every capability.
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-        # Not dumpable: the model's processes (same uid) cannot ptrace us or read our memory.
-        check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
-        os.chdir(SANDBOX_PATH)
 
     # -- requests from the host
 
@@ -351,13 +344,17 @@ class Supervisor:
             frame = recv_frame(self.channel)
             if frame is None:
                 return  # the host closed the sandbox: exiting as PID 1 kills everything in it
-            request = json.loads(frame)
-            try:
-                reply = self.handle(request["command"], request["cwd"], request["timeout"])
+            send_frame(self.channel, self.answer(frame))
+
+    def answer(self, frame: bytes) -> bytes:
+        request = json.loads(frame)
+        try:
+            reply = self.handle(request["command"], request["cwd"], request["timeout"])
+            if self.owns_pid_namespace:
                 self.sweep()
-            except Exception as e:  # a bug here must reach the host as an error, not as silence
-                reply = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
-            send_frame(self.channel, json.dumps(reply).encode())
+        except Exception as e:  # a bug here must reach the host as an error, not as silence
+            reply = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
+        return json.dumps(reply).encode()
 
     def handle(self, command: str, cwd: str | None, timeout: float) -> dict:
         words = command.split()
@@ -395,9 +392,10 @@ class Supervisor:
                 os.close(self.channel.detach())
                 os.close(control.detach())
                 close_fds_except({child_end.fileno(), out_w, err_w})
+                resource.setrlimit(resource.RLIMIT_CPU, self.cpu_limit)
                 Session(child_end, out_w, err_w, self.inputs).serve()
             finally:
-                os._exit(0)
+                os._exit(SESSION_BROKEN)  # a cell broke the session's own code (e.g. patched builtins)
         child_end.close()
         os.close(out_w)
         os.close(err_w)
@@ -412,12 +410,13 @@ class Supervisor:
         s = self.session
         for _ in range(100):  # a fork bomb may need a few rounds
             try:
-                os.kill(-1, signal.SIGKILL)
+                # The session leads its own process group; as PID 1 we may kill everything else.
+                os.kill(-1 if self.owns_pid_namespace else -s["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 break
             while True:
                 try:
-                    os.wait()
+                    os.waitpid(-1 if self.owns_pid_namespace else -s["pid"], 0)
                 except ChildProcessError:
                     break
         s["control"].close()
@@ -436,11 +435,16 @@ class Supervisor:
     def ask_session(self, request: dict, limit: float, capture: tuple[Capture, Capture] | None):
         """Send a request and wait for the reply; returns (reply bytes | None, reason it failed)."""
         s = self.session
+        deadline = time.monotonic() + limit + GRACE
         try:
+            s["control"].settimeout(limit + GRACE)  # a wedged session must not wedge us
             send_frame(s["control"], json.dumps(request).encode())
+        except TimeoutError:
+            return None, None
         except OSError:
             return None, "closed its control channel"
-        deadline = time.monotonic() + limit + GRACE
+        finally:
+            s["control"].settimeout(None)
         watch = [s["control"], s["pidfd"], self.channel]
         if capture:
             watch += [s["out"], s["err"]]
@@ -462,6 +466,8 @@ class Supervisor:
                 s["control"].settimeout(None)
                 if frame is not None:
                     return frame, None
+                # A dying process closes its sockets before it is done exiting: wait a moment.
+                select.select([s["pidfd"]], [], [], 1.0)
                 return None, self.session_death() or "closed its control channel"
             if s["pidfd"] in ready:
                 return None, self.session_death() or "ended"
@@ -517,19 +523,29 @@ class Supervisor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         devnull = os.open("/dev/null", os.O_RDONLY)
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+        step = f"cd: {cwd}"
         try:
             os.chdir(cwd)
-            actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
-            pid = os.posix_spawn("/bin/sh", ["sh", "-c", command], self.env, file_actions=actions, setsid=True)
+            step = "cannot start /bin/sh"
+            # Python ignores SIGPIPE and SIGXFSZ; a shell gets the usual defaults back.
+            pid = os.posix_spawn(
+                "/bin/sh", ["sh", "-c", command], self.env, file_actions=actions, setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
         except OSError as e:
             for fd in (out_r, err_r):
                 os.close(fd)
-            return {"stdout": "", "stderr": f"sh: {cwd}: {e.strerror}", "exit_code": 126}
+            return {"stdout": "", "stderr": f"sh: {step}: {e.strerror}\n", "exit_code": 2}
         finally:
             os.chdir(SANDBOX_PATH)
             for fd in (out_w, err_w, devnull):
                 os.close(fd)
         pidfd = os.pidfd_open(pid)
+        try:
+            resource.prlimit(pid, resource.RLIMIT_CPU, self.cpu_limit)
+        except ProcessLookupError:
+            pass  # already done
         out, err = Capture(), Capture()
         streams = {out_r: out, err_r: err}
         for fd in streams:
@@ -605,6 +621,7 @@ class Session:
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        os.setpgid(0, 0)  # what the session starts can be killed as one group
         signal.signal(signal.SIGALRM, self.on_alarm)
         signal.signal(signal.SIGCHLD, reap_children)
         self.namespace = new_namespace({})
@@ -741,7 +758,29 @@ def flush_stdio() -> None:
             pass
 
 
+def serve(socket_path: str) -> None:
+    """In a container (Prime): one session for the whole container, served on a unix socket to the
+    `ptenv-session` client (ptenv/sandbox/client.py). The container is the isolation."""
+    torch.set_num_threads(1)  # as locally: the session is a fork of this process
+    warm_up()
+    # Nothing outside deletes a container's session: its channel is one whose other end we keep.
+    _other_end, channel = socket.socketpair()
+    supervisor = Supervisor(channel, float(os.environ.get("PTENV_CELL_TIMEOUT", "30")), owns_pid_namespace=False)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(socket_path + ".tmp")
+    os.rename(socket_path + ".tmp", socket_path)  # appears only once it listens
+    server.listen()
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            frame = recv_frame(conn)
+            if frame is not None:
+                send_frame(conn, supervisor.answer(frame))
+
+
+USAGE = "usage: python -m ptenv.sandbox.worker zygote <control fd> | serve <socket path>"
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["zygote"] or len(sys.argv) != 3:
-        sys.exit("usage: python -m ptenv.sandbox.worker zygote <control fd>")
-    zygote(int(sys.argv[2]))
+    if len(sys.argv) != 3 or sys.argv[1] not in ("zygote", "serve"):
+        sys.exit(USAGE)
+    zygote(int(sys.argv[2])) if sys.argv[1] == "zygote" else serve(sys.argv[2])

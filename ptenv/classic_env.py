@@ -1,0 +1,123 @@
+"""The classic verifiers adapter (verifiers <= 0.3.1): PyTorchEnv on SandboxEnv, host-side grading in post_rollout."""
+
+import json
+
+import verifiers as vf
+from datasets import Dataset
+from verifiers.envs.sandbox_env import SandboxEnv
+
+from ptenv import session
+from ptenv.prompts import SYSTEM_PROMPT
+from ptenv.sandbox import transports
+from ptenv.source import DEFAULT_DATASET, load_tasks
+
+
+class PyTorchEnv(SandboxEnv):
+    """SandboxEnv with a persistent `execute_code` session and host-side grading in post_rollout."""
+
+    def __init__(self, tasks, transport: transports.Transport, **kwargs):
+        self.tasks = {task.task_id: task for task in tasks}  # expected outputs stay in host memory
+        self.transport = transport
+        super().__init__(
+            start_command=None,  # the transport's request says how a sandbox starts
+            timeout_per_command_seconds=transport.command_timeout,
+            max_retries=transport.create_attempts,
+            **kwargs,
+        )
+        self.sandbox_client.teardown()  # SandboxEnv built a Prime client; ours replaces it
+        self.sandbox_client = transport.client
+        self.sandbox_request = transport.request
+        self.add_tool(self.execute_code, args_to_skip=["sandbox_id", "sandbox_state"])
+
+    async def setup_state(self, state: vf.State, **kwargs) -> vf.State:
+        state = await super().setup_state(state, **kwargs)
+        sandbox_id = state["sandbox_id"]
+        await self._wait_for_sandbox_ready(state["sandbox_state"], sandbox_id)
+        try:
+            await self.transport.start_session(sandbox_id)
+            inputs = self.tasks[state["info"]["task_id"]].inputs
+            await session.preload(self.sandbox_client, sandbox_id, inputs, self.transport.command_timeout)
+        except Exception as e:
+            raise vf.SandboxError(f"could not start the session: {session.one_line(e)}") from e
+        state["session_ready"] = True
+        return state
+
+    async def execute_code(self, code: str, sandbox_id: str, sandbox_state) -> str:
+        """Run Python code in the persistent session. `torch` is imported, the task's input
+        tensors are preloaded by name, and variables (including `result`) persist between calls.
+
+        Args:
+            code: Python source to run.
+        """
+        try:
+            return await session.run_cell(self.sandbox_client, sandbox_id, code, self.transport.cell_deadline)
+        except Exception as e:  # the session did not answer: end the rollout, post_rollout says why
+            raise vf.SandboxError(f"execute_code failed: {session.one_line(e)}") from e
+
+    def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs) -> dict:
+        updated = super().update_tool_args(tool_name, tool_args, messages, state, **kwargs)
+        if tool_name == "execute_code":
+            updated["sandbox_id"] = state["sandbox_id"]
+            updated["sandbox_state"] = state["sandbox_state"]
+        return updated
+
+    async def post_rollout(self, state: vf.State):
+        """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
+        if not state.get("session_ready"):
+            outcome = session.harness_failure(f"sandbox setup failed: {session.one_line(state.get('error'))}")
+        else:
+            expected = self.tasks[state["info"]["task_id"]].expected
+            outcome = await session.score(
+                self.sandbox_client, state["sandbox_id"], expected, self.transport.command_timeout
+            )
+        state.update(outcome.as_state())
+
+    @vf.teardown
+    async def teardown_sandboxes(self):
+        # SandboxEnv's own teardown builds a Prime client (it needs a Prime key): the transport knows better.
+        if self.active_sandboxes:
+            await self.transport.delete_all(list(self.active_sandboxes))
+            self.active_sandboxes.clear()
+
+
+async def correctness(state) -> float:
+    return state["verdict"]["score"]
+
+
+def _diagnostic(key: str):
+    async def metric(state) -> float:
+        return float(state["verdict"][key])
+
+    metric.__name__ = key
+    return metric
+
+
+async def harness_error(state) -> float:
+    return float(state["scoring_error"] is not None)
+
+
+def load_environment(
+    split: str = "train",
+    dataset_name: str = DEFAULT_DATASET,
+    max_turns: int = 5,
+    sandbox: str = "local",
+    **kwargs,
+) -> vf.Environment:
+    tasks = load_tasks(dataset_name, split)
+    dataset = Dataset.from_list(
+        [{"question": t.question, "info": json.dumps({"task_id": t.task_id, "category": t.category})} for t in tasks]
+    )
+    diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
+    rubric = vf.Rubric(
+        funcs=[correctness, *diagnostics, harness_error],
+        weights=[1.0] + [0.0] * (len(diagnostics) + 1),
+    )
+    return PyTorchEnv(
+        tasks,
+        transports.create(sandbox),
+        dataset=dataset,
+        system_prompt=SYSTEM_PROMPT,
+        rubric=rubric,
+        max_turns=max_turns,
+        **kwargs,
+    )

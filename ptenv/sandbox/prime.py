@@ -1,0 +1,97 @@
+"""Prime sandboxes: the same session as the local sandbox, in a python:3.11-slim container on
+Prime's service. Only where the sandbox lives differs; every step is a prime_sandboxes call.
+
+The container's start command unpacks the worker files (shipped in an environment variable),
+installs the CPU torch wheel of the host's torch version (so the references reproduce), puts the
+`ptenv-session` client on PATH and starts the session server. Setup then waits until the server
+answers; from there on the commands are the ones the local supervisor serves as a built-in.
+"""
+
+import asyncio
+import base64
+import io
+import tarfile
+from pathlib import Path
+
+import torch
+from prime_sandboxes import CreateSandboxRequest, StartCommand
+
+from ptenv.sandbox.worker import WORKER_FILES
+
+IMAGE = "python:3.11-slim"
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+SESSION_SOCKET = "/run/ptenv.sock"
+READY_TIMEOUT = 900  # seconds for the container to install torch and start the session server
+READY_POLL = 2.0
+# What the container needs of this package: the worker and what it imports, and the client.
+CONTAINER_FILES = (*WORKER_FILES, "ptenv/sandbox/client.py")
+
+START_SCRIPT = f"""\
+set -e
+mkdir -p /opt/ptenv
+printf '%s' "$PTENV_WORKER" | base64 -d | tar -xz -C /opt/ptenv
+pip install --no-cache-dir --quiet --index-url {TORCH_INDEX} "torch==$PTENV_TORCH"
+printf '#!/bin/sh\\nPYTHONPATH=/opt/ptenv exec python3 -m ptenv.sandbox.client "$@"\\n' > /usr/local/bin/ptenv-session
+chmod +x /usr/local/bin/ptenv-session
+cd /tmp
+PYTHONPATH=/opt/ptenv exec python3 -m ptenv.sandbox.worker serve {SESSION_SOCKET}
+"""
+
+READY_COMMAND = f"test -S {SESSION_SOCKET}"
+
+
+def torch_version() -> str:
+    """The host's torch release without its local tag (2.13.0+cpu -> 2.13.0)."""
+    return torch.__version__.split("+")[0]
+
+
+def worker_archive() -> str:
+    """The worker files as a base64 tar.gz, with fixed metadata so the payload is reproducible."""
+    root = Path(__file__).resolve().parents[2]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
+        for rel in CONTAINER_FILES:
+            data = (root / rel).read_bytes()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def sandbox_request(cell_timeout: int) -> CreateSandboxRequest:
+    return CreateSandboxRequest(
+        name="pytorch-env",
+        docker_image=IMAGE,
+        start_command=StartCommand(executable="sh", args=["-c", START_SCRIPT]),
+        cpu_cores=1,
+        memory_gb=2,
+        disk_size_gb=5,
+        timeout_minutes=60,
+        environment_vars={
+            "PTENV_WORKER": worker_archive(),
+            "PTENV_TORCH": torch_version(),
+            "PTENV_CELL_TIMEOUT": str(cell_timeout),
+        },
+    )
+
+
+async def wait_for_session(client, sandbox_id: str, timeout: float = READY_TIMEOUT) -> None:
+    """Poll until the session server listens (the container installs torch first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        reply = await client.execute_command(sandbox_id, READY_COMMAND, timeout=30)
+        if reply.exit_code == 0:
+            return
+        if loop.time() >= deadline:
+            raise TimeoutError(f"the session server of sandbox {sandbox_id} did not start within {timeout:g} s")
+        await asyncio.sleep(READY_POLL)
+
+
+async def delete_all(sandbox_ids: list[str]) -> None:
+    """Bulk-delete leftovers with the synchronous client, as SandboxEnv's own teardown does."""
+    from prime_sandboxes import APIClient, SandboxClient
+
+    client = SandboxClient(APIClient())
+    for start in range(0, len(sandbox_ids), 100):
+        await asyncio.to_thread(client.bulk_delete, sandbox_ids=sandbox_ids[start : start + 100])

@@ -1,0 +1,90 @@
+"""Shared pieces of the sandbox tests: a client per test module, a sandbox per test, helpers."""
+
+import os
+import time
+
+import pytest
+from prime_sandboxes import CreateSandboxRequest
+
+from ptenv.sandbox.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
+from ptenv.sandbox.local import LocalSandboxClient
+
+REQUEST = CreateSandboxRequest(name="test", docker_image="local")
+CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
+SHORT = 2.0
+MEMORY_MB = 512
+
+
+def host_processes(uid: int) -> list[int]:
+    """Pids of the host's live (non-zombie) processes whose real uid is `uid`."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
+            pids.append(int(name))
+    return pids
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Box:
+    """One sandbox with shortcuts for the three kinds of command."""
+
+    def __init__(self, client: LocalSandboxClient, sandbox_id: str, uid: int):
+        self.client, self.id, self.uid = client, sandbox_id, uid
+
+    async def cell(self, code: str, timeout: float | None = None):
+        """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
+        response = await self.client.execute_command(self.id, exec_command(code), timeout=timeout)
+        assert response.exit_code == 0, response
+        return parse_exec_reply(response.stdout)
+
+    async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
+        return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
+
+    async def result(self):
+        return parse_result_reply((await self.client.execute_command(self.id, RESULT_COMMAND)).stdout)
+
+    def processes(self) -> list[int]:
+        return host_processes(self.uid)
+
+
+async def new_box(client: LocalSandboxClient) -> Box:
+    sandbox = await client.create(REQUEST)
+    uid = int((await client.execute_command(sandbox.id, "id -u", timeout=10)).stdout)
+    return Box(client, sandbox.id, uid)
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = LocalSandboxClient(cell_timeout=CELL_TIMEOUT, memory_limit_mb=MEMORY_MB)
+    yield client
+    client.teardown()
+
+
+@pytest.fixture
+async def box(client):
+    """A fresh sandbox; afterwards it is deleted and none of its processes may be left."""
+    box = await new_box(client)
+    yield box
+    await client.delete(box.id)
+    assert wait_until(lambda: not box.processes()), f"left running: {box.processes()}"
+
+
+async def only_the_sandbox_runs(box: Box) -> None:
+    """Nothing a cell or command started is left: just the supervisor and the session."""
+    assert wait_until(lambda: len(box.processes()) == 2), f"processes: {box.processes()}"
+    assert (await box.cell("print('alive')")).stdout == "alive\n"

@@ -1,0 +1,244 @@
+"""The verifiers 0.4 adapter (ptenv.v1_env): one task's setup, finalize, scoring and cleanup in
+process, then the real 0.4 `vf-eval` against the scripted policy server on 127.0.0.1.
+
+Runs where verifiers 0.4 is installed; the classic venv skips this module (and only this one).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import verifiers
+
+if hasattr(verifiers, "SandboxEnv"):
+    pytest.skip(
+        f"verifiers {verifiers.__version__} has the classic API; the v1 adapter needs verifiers 0.4 "
+        "(CI runs this module in its own venv)",
+        allow_module_level=True,
+    )
+
+import verifiers.v1 as vf  # noqa: E402
+from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError  # noqa: E402
+from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
+
+from ptenv import policy_server, session  # noqa: E402
+from ptenv.v1_env import (  # noqa: E402
+    DIAGNOSTICS,
+    PyTorchHarness,
+    PyTorchHarnessConfig,
+    PyTorchTaskset,
+    PyTorchTasksetConfig,
+    sandboxes,
+)
+from ptenv.v1_relay import RelayClient  # noqa: E402
+from ptenv.v1_tools import PyTorchState  # noqa: E402
+
+N_TASKS = 45
+VF_EVAL_TIMEOUT = 280  # a 45-rollout run takes about 80 s on 2 cores
+
+
+@pytest.fixture(scope="module")
+def task():
+    return next(iter(PyTorchTaskset(PyTorchTasksetConfig())))
+
+
+def new_trace(task, harness=None) -> vf.Trace:
+    harness = harness or PyTorchHarnessConfig(id="pytorch-env")
+    return vf.Trace(
+        agent=vf.AgentInfo(config=vf.AgentConfig(harness=harness)),
+        task=vf.TraceTask(type=type(task).__name__, data=task.data),
+        state=PyTorchState(),
+    )
+
+
+async def cell(trace, code: str) -> str:
+    """Run a cell the way the tool server does: through the relay, by the sandbox id in the state."""
+    transport, relay = sandboxes()
+    return await session.run_cell(RelayClient(relay.path), trace.state.sandbox_id, code, transport.cell_deadline)
+
+
+async def close(trace) -> None:
+    """What the rollout does last: mark the trace failed if an error was recorded, run the harness cleanup."""
+    trace.ok = not trace.errors
+    await PyTorchHarness(PyTorchHarnessConfig(id="pytorch-env")).cleanup(trace, None)
+
+
+async def test_setup_preloads_every_input_by_name(task):
+    trace = new_trace(task)
+    await task.setup(trace, None)
+    try:
+        inputs = task.row().inputs
+        code = "".join(
+            f"print({name!r}, torch.equal({name}, torch.tensor({t.tolist()!r}, dtype={t.dtype})))\n"
+            for name, t in inputs.items()
+        )
+        assert (await cell(trace, code)).splitlines() == [f"{name} True" for name in inputs]
+    finally:
+        await close(trace)
+
+
+async def test_finalize_grades_the_reference_answer_and_cleanup_deletes_the_sandbox(task):
+    trace = new_trace(task)
+    await task.setup(trace, None)
+    await cell(trace, task.row().reference_solution)
+    await task.finalize(trace, None)
+    await task.score(trace, None)
+    await close(trace)
+
+    assert trace.info["scoring_error"] is None
+    assert trace.rewards["correctness"].score == 1.0 and trace.reward == 1.0
+    assert trace.metrics == {**{key: 1.0 for key in DIAGNOSTICS}, "harness_error": 0.0}
+    with pytest.raises(SandboxNotRunningError, match="deleted"):
+        await cell(trace, "print(1)")
+
+
+async def test_a_wrong_answer_scores_zero_without_a_harness_error(task):
+    trace = new_trace(task)
+    await task.setup(trace, None)
+    expected = task.row().expected
+    try:
+        await cell(trace, f"result = torch.zeros({tuple(expected.shape)}, dtype={expected.dtype})")
+        await task.finalize(trace, None)
+        await task.score(trace, None)
+    finally:
+        await close(trace)
+    assert trace.info["scoring_error"] is None
+    assert trace.rewards["correctness"].score == 0.0
+    assert trace.metrics["shape_match"] == trace.metrics["dtype_match"] == 1.0
+    assert trace.metrics["values_match"] == 0.0
+    assert trace.info["verdict"]["reason"].startswith("values:")
+
+
+async def test_a_dead_sandbox_at_finalize_is_a_typed_failure_with_its_reason_recorded(task):
+    trace = new_trace(task)
+    await task.setup(trace, None)
+    await cell(trace, task.row().reference_solution)
+    await sandboxes()[0].client.delete(trace.state.sandbox_id)  # the sandbox dies before the read-back
+
+    with pytest.raises(vf.SandboxError) as failure:
+        await task.finalize(trace, None)
+    trace.record_error(failure.value)  # what the rollout does with it: the trace fails, unscored
+    await close(trace)
+
+    assert trace.info["scoring_error"].startswith("reading result back failed: SandboxNotRunningError")
+    assert str(failure.value) == trace.info["scoring_error"]
+    assert trace.ok is False and trace.errors[-1].type == "SandboxError"
+    assert trace.rewards == {} and trace.metrics == {"harness_error": 1.0}
+
+
+async def test_the_relay_passes_replies_and_timeouts_through(task):
+    trace = new_trace(task)
+    await task.setup(trace, None)
+    relay = RelayClient(sandboxes()[1].path)
+    try:
+        reply = await relay.execute_command(trace.state.sandbox_id, "echo out; echo err >&2; exit 3", timeout=10)
+        assert (reply.stdout, reply.stderr, reply.exit_code) == ("out\n", "err\n", 3)
+        with pytest.raises(CommandTimeoutError):
+            await relay.execute_command(trace.state.sandbox_id, "sleep 10", timeout=0.5)
+    finally:
+        await close(trace)
+
+
+async def test_setup_refuses_another_harness_before_creating_a_sandbox(task):
+    trace = new_trace(task, harness=NullHarnessConfig(id="null"))
+    with pytest.raises(ValueError, match="its own harness"):
+        await task.setup(trace, None)
+    assert trace.state.sandbox_id is None
+
+
+# --- the real verifiers 0.4 CLI --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def policy_url():
+    url, stop = policy_server.serve_in_thread()
+    yield url
+    stop()
+
+
+def run_vf_eval(url: str, policy: str, out: Path, n: int) -> list[dict]:
+    """`vf-eval pytorch-env` as a user runs it; returns the traces, after checking nothing outlived it."""
+    marker = uuid.uuid4().hex
+    bin_dir = Path(sys.executable).parent  # vf-eval, and the `uv` its harness program needs
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PTENV_TEST_RUN": marker}
+    argv = [str(bin_dir / "vf-eval"), "pytorch-env", "-m", policy, "--client.base-url", url,
+            "-n", str(n), "-r", "1", "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=VF_EVAL_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert wait_until(lambda: not processes_marked(marker)), f"left running: {processes_marked(marker)}"
+    episodes = [json.loads(line) for line in (out / "run" / "traces.jsonl").read_text().splitlines()]
+    return [trace for episode in episodes for trace in episode["traces"]]
+
+
+def score(trace: dict) -> float | None:
+    """The correctness reward of a serialized trace; None when the rollout failed unscored."""
+    return (trace["rewards"].get("correctness") or {}).get("score")
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (everything vf-eval started, sandboxes' bwrap too)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"PTENV_TEST_RUN={marker}".encode() in f.read().split(b"\0"):
+                    with open(f"/proc/{name}/stat") as s:
+                        if s.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            pids.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_vf_eval_reference_policy_scores_45_of_45(policy_url, tmp_path):
+    traces = run_vf_eval(policy_url, "reference", tmp_path, N_TASKS)
+    assert len({t["task"]["data"]["id"] for t in traces}) == len(traces) == N_TASKS
+    failed = [(t["task"]["data"]["id"], t["info"]) for t in traces if not (t["ok"] and score(t) == 1.0)]
+    assert failed == []
+    assert all(t["info"]["scoring_error"] is None and t["metrics"]["harness_error"] == 0.0 for t in traces)
+
+
+def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, tmp_path):
+    traces = run_vf_eval(policy_url, "null", tmp_path, N_TASKS)
+    assert len(traces) == N_TASKS
+    assert all(t["ok"] and score(t) == 0.0 for t in traces)
+    assert all(t["info"]["scoring_error"] is None and t["info"]["verdict"]["reason"] == "no result" for t in traces)
+
+
+def test_bash_runs_in_the_cells_sandbox_and_not_on_the_host(policy_url, tmp_path, monkeypatch):
+    def probe(row, messages, tools):
+        """bash writes a file and looks around; a cell reads the file back, then answers."""
+        done = sum(m["role"] == "tool" for m in messages)
+        if done == 0:
+            return call("bash", command=f"echo 6 > /tmp/n; id -u; ls {Path.cwd()} 2>&1")
+        if done == 1:
+            return call("execute_code", code="assert open('/tmp/n').read() == '6\\n'\n" + row["info"]["reference_solution"])
+        return {"role": "assistant", "content": "done"}
+
+    monkeypatch.setitem(policy_server.POLICIES, "probe", probe)
+    (trace,) = run_vf_eval(policy_url, "probe", tmp_path, 1)
+    bash_output = [n["message"]["content"] for n in trace["nodes"] if n["message"]["role"] == "tool"][0]
+    uid, listing = bash_output.split("\n", 1)
+    assert int(uid) != os.getuid()
+    assert "No such file or directory" in listing  # the repo is not there
+    assert trace["ok"] and score(trace) == 1.0  # the cell saw the file bash wrote
+
+
+def call(name: str, **arguments) -> dict:
+    tool_call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
