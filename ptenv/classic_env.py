@@ -39,7 +39,6 @@ class PyTorchEnv(SandboxEnv):
             await session.preload(self.sandbox_client, sandbox_id, inputs, self.transport.command_timeout)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {session.one_line(e)}") from e
-        state["session_ready"] = True
         return state
 
     async def execute_code(self, code: str, sandbox_id: str, sandbox_state) -> str:
@@ -63,8 +62,8 @@ class PyTorchEnv(SandboxEnv):
 
     async def post_rollout(self, state: vf.State):
         """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
-        if not state.get("session_ready"):
-            outcome = session.harness_failure(f"sandbox setup failed: {session.one_line(state.get('error'))}")
+        if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
+            outcome = session.harness_failure(f"the rollout failed: {session.error_chain(state['error'])}")
         else:
             expected = self.tasks[state["info"]["task_id"]].expected
             outcome = await session.score(

@@ -67,5 +67,15 @@ def harness_failure(reason: str) -> Outcome:
     return Outcome(Verdict(0.0, False, False, False, False, "not graded"), reason)
 
 
+def error_chain(error: BaseException) -> str:
+    """One line for an exception and what caused it (verifiers wraps the errors it stops on)."""
+    parts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        parts.append(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        error = error.__cause__ or error.__context__
+    return one_line(" <- ".join(parts))
+
+
 def one_line(e: object, limit: int = 300) -> str:
     return " ".join(str(e).split())[:limit]

@@ -1,0 +1,119 @@
+"""The Prime transport, tested at the SDK boundary (the service cannot be reached from here): the
+environment's real rollouts against tests/fake_prime.py, which records every call and payload and
+runs the request's start command and each command for real in a container-like bwrap."""
+
+import asyncio
+import base64
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import verifiers as vf
+from prime_sandboxes import CreateSandboxRequest, StartCommand
+
+import pytorch_env
+from fake_prime import FakePrimeService
+from ptenv.policy_server import serve_in_thread
+from ptenv.sandbox import prime
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = "tensor_ops/transpose_dims"
+
+
+@pytest.fixture(scope="module")
+def policy_url():
+    url, stop = serve_in_thread()
+    yield url
+    stop()
+
+
+@pytest.fixture
+def service(monkeypatch):
+    service = FakePrimeService()
+    monkeypatch.setattr("verifiers.legacy.utils.threaded_sandbox_client.AsyncSandboxClient", service.client_class())
+    monkeypatch.setattr(prime, "READY_POLL", 0.2)
+    monkeypatch.setenv("POLICY_KEY", "unused")
+    yield service
+    service.close()
+
+
+def rollout(url: str, policy: str) -> vf.State:
+    env = pytorch_env.load_environment(sandbox="prime")
+    row = next(r for r in env.get_dataset() if TASK in r["info"])
+    client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="POLICY_KEY", api_base_url=url)
+
+    async def play():
+        state = await env.rollout({**row, "answer": ""}, client, policy)
+        await env.rubric.score_rollout(state)
+        return state
+
+    return asyncio.run(play())
+
+
+def unpack(archive: str) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(archive))) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service, policy_url):
+    state = rollout(policy_url, "reference")
+    assert state["reward"] == 1.0, state["verdict"]
+    assert state["scoring_error"] is None
+
+    steps = service.steps()
+    polls = [s for s in steps if s == f"sh: {prime.READY_COMMAND}"]
+    assert steps == ["create", "wait_for_creation", *polls, "preload", "exec", "result", "delete"], steps
+    assert polls, "setup waits for the session server"
+
+    request: CreateSandboxRequest = service.calls[0][1]
+    assert request.docker_image == "python:3.11-slim"
+    assert request.start_command == StartCommand(executable="sh", args=["-c", prime.START_SCRIPT])
+    assert request.environment_vars["PTENV_TORCH"] == prime.torch_version() == "2.13.0"
+    shipped = unpack(request.environment_vars["PTENV_WORKER"])
+    assert sorted(shipped) == sorted(prime.CONTAINER_FILES)
+    assert all(shipped[rel] == (ROOT / rel).read_bytes() for rel in shipped)
+    assert "tasks.py" not in " ".join(shipped) and "train.jsonl" not in " ".join(shipped)
+    # The container installs the CPU wheel of the host's torch, so the references reproduce there.
+    assert service.pip_calls == ["install --no-cache-dir --quiet --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"]
+
+    sandbox_id = service.calls[1][1]  # the one wait_for_creation was asked about
+    commands = [c for c in service.calls if c[0] == "execute_command"]
+    assert all(c[1] == sandbox_id for c in commands)
+    assert commands[-1][2] == "ptenv-session result"
+    assert not service.containers, "the sandbox was deleted"
+
+
+def test_the_null_policy_scores_zero_without_a_scoring_error(service, policy_url):
+    state = rollout(policy_url, "null")
+    assert state["reward"] == 0.0 and state["scoring_error"] is None
+    assert service.steps()[-2:] == ["result", "delete"]
+
+
+@pytest.mark.parametrize("step", ["create", "wait_for_creation", "preload", "exec", "result"])
+def test_a_failure_at_each_step_scores_zero_with_a_scoring_error_and_deletes_the_sandbox(service, policy_url, step):
+    service.fail[step] = RuntimeError(f"injected failure at {step}")
+    state = rollout(policy_url, "reference")
+    assert state["reward"] == 0.0
+    assert f"injected failure at {step}" in state["scoring_error"], state["scoring_error"]
+    created = "create" in service.steps() and step != "create"
+    assert ("delete" in service.steps()) == created
+    assert not service.containers
+
+
+def test_a_container_whose_torch_install_fails_ends_the_same_way(service, policy_url):
+    service.pip_exit_code = 1
+    state = rollout(policy_url, "reference")
+    assert state["reward"] == 0.0
+    assert "not running" in state["scoring_error"], state["scoring_error"]
+    assert service.steps()[-1] == "delete" and not service.containers
+
+
+def test_the_client_reports_a_missing_session_server_in_one_line(tmp_path):
+    env = {**os.environ, "PTENV_SESSION_SOCKET": str(tmp_path / "nothing.sock"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "ptenv.sandbox.client", "result"], env=env, capture_output=True, text=True)
+    assert done.returncode == 111
+    assert done.stderr.strip().count("\n") == 0 and "session server is not running" in done.stderr
