@@ -28,12 +28,17 @@ VF_EVAL = Path(sys.executable).with_name("vf-eval")
 MARK = f"PTENV_SELFCHECK={uuid.uuid4().hex}".encode()
 
 
-def run_eval(url: str, policy: str, args: list[str], out: Path) -> list[dict]:
+def eval_command(url: str, policy: str, args: list[str], out: Path) -> tuple[list[str], dict]:
+    """The vf-eval command line and its environment, with this run's mark."""
     command = [str(VF_EVAL), "pytorch-env", "-m", policy, "-b", url, "-k", "SELFCHECK_API_KEY",
                *args, "-s", "-C", "scoring_error", "-d", "-o", str(out)]
-    print("$", " ".join(command[1:]), flush=True)
     name, value = MARK.decode().split("=")
-    env = {**os.environ, "SELFCHECK_API_KEY": "unused", name: value}
+    return command, {**os.environ, "SELFCHECK_API_KEY": "unused", name: value}
+
+
+def run_eval(url: str, policy: str, args: list[str], out: Path) -> list[dict]:
+    command, env = eval_command(url, policy, args, out)
+    print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         sys.exit(f"vf-eval exited with {done.returncode}:\n{done.stdout[-3000:]}")
