@@ -2,7 +2,8 @@
 
 The request's `model` names a policy. A policy maps (task row or None, messages, tools) to the
 next assistant message; the row is found by the conversation's first user message, so the
-server may know the answers (it is a host-side test harness, never part of the sandbox).
+server may know the answers (it is a host-side test harness, never part of the sandbox). The
+row also carries its 0-based `position` in the dataset and the server's own port, `server_port`.
 Speaks plain JSON (verifiers classic, `openai` client) and SSE streaming with native
 `tool_calls` deltas (verifiers 0.4).
 
@@ -18,6 +19,8 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from ptenv.hostile import hostile_cell
 
 DEFAULT_DATASET = Path(__file__).resolve().parent.parent / "train.jsonl"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -94,7 +97,19 @@ def null_policy(row, messages, tools) -> dict:
     return _say("I will not attempt this task.")
 
 
-POLICIES = {"reference": reference_policy, "null": null_policy}
+def hostile_policy(row, messages, tools) -> dict:
+    """One execute_code cell that tries to break out of the sandbox or cheat the grader (the
+    trick is chosen by the task's position, so a 45-task run plays every trick), then a final
+    message naming the trick. No trick can earn 1.0 unless a defence is missing."""
+    if row is None or "execute_code" not in _tool_names(tools):
+        return _say("hostile policy: nothing to attack here.")
+    name, cell = hostile_cell(row)
+    if any(m.get("role") == "tool" for m in messages):
+        return _say(f"Played {name}.")
+    return _call("execute_code", {"code": cell})
+
+
+POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy}
 
 
 # --- wire format -------------------------------------------------------------------------------
@@ -189,7 +204,8 @@ class PolicyServer(ThreadingHTTPServer):
 
     def __init__(self, port: int, rows: dict):
         super().__init__(("127.0.0.1", port), Handler)
-        self.rows = rows
+        port = self.server_address[1]
+        self.rows = {q: {**row, "position": i, "server_port": port} for i, (q, row) in enumerate(rows.items())}
 
     @property
     def url(self) -> str:
@@ -198,6 +214,9 @@ class PolicyServer(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle on, the body waits for the client's
+    # delayed ACK, 40 ms per reply.
+    disable_nagle_algorithm = True
 
     def log_message(self, format, *args):
         pass  # one line per request would drown a 45-task eval's output

@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from ptenv import codec
-from ptenv.policy_server import rows_by_question, serve_in_thread
-
+from ptenv.dataset import load_rows
+from ptenv.grader import grade
+from ptenv.hostile import TRICKS, trick_for
+from ptenv.policy_server import DEFAULT_DATASET, rows_by_question, serve_in_thread
+from ptenv.session_ns import new_namespace
 
 
 def _tool(name, arg):
@@ -162,7 +165,7 @@ def test_streaming_final_text(client, dataset):
 
 
 def test_models_lists_the_policies(client):
-    assert {"reference", "null"} <= {m.id for m in client.models.list()}
+    assert {"reference", "null", "hostile"} <= {m.id for m in client.models.list()}
 
 
 def test_unknown_model_is_404(client, dataset):
@@ -218,3 +221,56 @@ def test_cli_prints_url_and_exits_on_sigterm(dataset):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- the hostile policy, on the real dataset -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_url():
+    url, stop = serve_in_thread(DEFAULT_DATASET)
+    yield url
+    stop()
+
+
+def _hostile_cell(client, row) -> str:
+    reply = _ask(client, "hostile", _conversation(row.question))
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "execute_code"
+    return json.loads(call.function.arguments)["code"]
+
+
+def test_hostile_plays_every_trick_without_knowing_the_answers(real_url):
+    rows = load_rows(DEFAULT_DATASET)
+    raw = list(rows_by_question(DEFAULT_DATASET).values())
+    played = []
+    with openai.OpenAI(base_url=real_url, api_key="unused", max_retries=0, timeout=10) as client:
+        for row, raw_row in zip(rows, raw):
+            cell = _hostile_cell(client, row)
+            compile(cell, row.task_id, "exec")
+            # Built from what a model sees: the answer's bytes never appear in a cell.
+            assert raw_row["info"]["expected_output"]["data"] not in cell
+            messages = _conversation(row.question) + [
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "execute_code", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "(no output)"},
+            ]
+            final = _ask(client, "hostile", messages).choices[0].message
+            assert final.tool_calls is None and final.content.startswith("Played ")
+            played.append(final.content.removeprefix("Played ").rstrip("."))
+    assert played == [trick_for(i) for i in range(len(rows))]
+    assert set(played) == set(TRICKS)
+
+
+@pytest.mark.parametrize("trick", ["steal_the_answer_key", "call_the_network"])
+def test_answer_key_tricks_win_outside_the_sandbox(real_url, trick):
+    """A probe proves something only if it wins where the defence is missing: run unsandboxed on
+    the host, these cells find the answer (the dataset file, the policy server) and score 1.0."""
+    rows = load_rows(DEFAULT_DATASET)
+    position = list(TRICKS).index(trick)
+    row = rows[position]
+    with openai.OpenAI(base_url=real_url, api_key="unused", max_retries=0, timeout=10) as client:
+        cell = _hostile_cell(client, row)
+    namespace = new_namespace(row.inputs)
+    exec(cell, namespace)
+    assert grade(namespace.get("result"), row.expected).score == 1.0

@@ -248,6 +248,13 @@ class LocalSandboxClient:
             box.sock.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        while True:  # idle sandboxes in the pool: their supervisors died with the fork server
+            try:
+                box = self._pool.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(box, _Box):
+                box.sock.close()
         if self._control is not None:
             self._control.close()
 

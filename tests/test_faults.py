@@ -1,0 +1,243 @@
+"""Faults injected into the real environment: a sandbox killed mid-rollout, the host eval
+interrupted or killed, a corrupted read-back, a sandbox that cannot be created.
+
+Outcomes: whatever the harness cannot vouch for (a dead sandbox, a failed read-back command, a
+sandbox that cannot start) is 0.0 with a one-line scoring_error; a read-back reply that does not
+parse is an invalid answer (0.0, reason given, no scoring_error), because the session that writes
+it runs the model's code and a model can forge it (tests/test_hostile.py does).
+"""
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import verifiers as vf
+from prime_sandboxes import CommandResponse, CommandTimeoutError
+
+import pytorch_env
+from ptenv import proctree
+from ptenv.hostile import REPO
+from ptenv.policy_server import POLICIES, reference_policy, serve_in_thread
+from ptenv.sandbox.commands import MAX_RESULT_REPLY, RESULT_COMMAND
+
+sys.path.insert(0, str(REPO / "scripts"))
+import selfcheck  # noqa: E402  (its vf-eval command line, run mark and leftover check)
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def slow_policy(canary: str, task_ids=None):
+    """The reference policy, except that the chosen tasks' cell first marks its sandbox's /tmp
+    with `canary` and then sleeps: a rollout caught in the middle."""
+    code = f"open('/tmp/{canary}', 'w').close()\nimport time\ntime.sleep(120)\n"
+
+    def policy(row, messages, tools):
+        if row is not None and (task_ids is None or row["info"]["task_id"] in task_ids):
+            row = {**row, "info": {**row["info"], "reference_solution": code}}
+        return reference_policy(row, messages, tools)
+
+    return policy
+
+
+@pytest.fixture(scope="module")
+def server():
+    url, stop = serve_in_thread()
+    yield url
+    stop()
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = pytorch_env.load_environment()
+    yield env
+    env.sandbox_client.teardown()
+
+
+async def evaluate(env, url: str, model: str, n: int) -> list[dict]:
+    os.environ.setdefault("FAULTS_API_KEY", "unused")
+    client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="FAULTS_API_KEY", api_base_url=url)
+    out = await env.evaluate(client=client, model=model, num_examples=n, max_concurrent=n,
+                             state_columns=["scoring_error", "verdict"], on_progress=lambda *a: None)
+    return out["outputs"]
+
+
+# ---- a sandbox killed in the middle of a rollout
+
+
+def kill_the_sandbox_holding(canary: str) -> int:
+    """SIGKILL, from the host, the supervisor of the sandbox whose /tmp holds `canary`."""
+    assert wait_until(lambda: proctree.holding(canary), 60), "the victim's cell never ran"
+    supervisor = proctree.supervisor(proctree.holding(canary)[0])
+    os.kill(supervisor, signal.SIGKILL)
+    return supervisor
+
+
+async def test_a_sandbox_killed_mid_rollout_fails_that_rollout_only(env, server, monkeypatch):
+    canary = f"ptenv-victim-{uuid.uuid4().hex}"
+    victim = json.loads(env.get_dataset()[2]["info"])
+    monkeypatch.setitem(POLICIES, "victim", slow_policy(canary, {victim["task_id"]}))
+    rows, killed = await asyncio.gather(
+        evaluate(env, server, "victim", 6), asyncio.to_thread(kill_the_sandbox_holding, canary)
+    )
+    assert killed and not proctree.holding(canary)
+    by_task = {r["info"]["task_id"]: r for r in rows}
+    hit = by_task.pop(victim["task_id"])
+    assert hit["reward"] == 0.0 and hit["harness_error"] == 1.0
+    assert "is not running: its supervisor exited" in hit["scoring_error"] and "\n" not in hit["scoring_error"]
+    assert len(by_task) == 5
+    for task_id, row in by_task.items():
+        assert row["reward"] == 1.0 and row["scoring_error"] is None, (task_id, row["scoring_error"])
+
+
+# ---- the host eval interrupted (Ctrl-C reaches the whole process group) or killed outright
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["SIGINT to its process group", "SIGKILL to vf-eval alone"])
+def test_an_interrupted_eval_leaves_no_sandbox_behind(how, server, monkeypatch, tmp_path):
+    canary = f"ptenv-interrupted-{uuid.uuid4().hex}"
+    monkeypatch.setitem(POLICIES, "sleeper", slow_policy(canary))
+    command, environ = selfcheck.eval_command(server, "sleeper", ["-n", "6", "-r", "1", "-c", "6"], tmp_path)
+    with open(tmp_path / "vf-eval.log", "w+") as log:
+        run = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            assert wait_until(lambda: len(proctree.holding(canary)) >= 2 * 4, 180), "the cells never ran"
+            # Everything the run started: vf-eval, its env server, bwrap, the fork server and the sandboxes.
+            sandboxes = proctree.holding(canary)
+            everything = proctree.tree([run.pid])
+            assert set(sandboxes) <= everything.keys()
+            if how.startswith("SIGINT"):
+                os.killpg(run.pid, signal.SIGINT)
+            else:
+                run.kill()
+            run.wait(timeout=60)
+            gone = lambda: not proctree.survivors(everything) and not proctree.holding(canary)  # noqa: E731
+            assert wait_until(gone, 30), f"left running: {proctree.survivors(everything)}"
+            assert not selfcheck.leftover_sandboxes()
+            log.seek(0)
+            sockets = re.findall(r"ipc://(/tmp/vf-[\w-]+)", log.read())  # verifiers' env server's own scratch
+            assert sockets and not [s for s in sockets if os.path.exists(s)]
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+            log.seek(0)
+            print(log.read()[-3000:])
+
+
+# ---- the read-back corrupted at the transport boundary
+
+
+class CorruptingClient:
+    """The real local client, except that the reply to `ptenv-session result` goes through `corrupt`
+    (which may also raise, as a failing transport would)."""
+
+    def __init__(self, client, corrupt):
+        self.client, self.corrupt = client, corrupt
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def execute_command(self, sandbox_id, command, **kwargs):
+        reply = await self.client.execute_command(sandbox_id, command, **kwargs)
+        return self.corrupt(reply) if command == RESULT_COMMAND else reply
+
+
+def stdout(text: str):
+    return lambda reply: CommandResponse(stdout=text, stderr="", exit_code=0)
+
+
+def truncated_data(reply):
+    """Valid JSON whose tensor payload lost its last bytes."""
+    doc = json.loads(reply.stdout)
+    doc["result"]["data"] = doc["result"]["data"][:-8]
+    return CommandResponse(stdout=json.dumps(doc), stderr="", exit_code=0)
+
+
+def timed_out(reply):
+    raise CommandTimeoutError("sandbox", RESULT_COMMAND, 30)
+
+
+INVALID_ANSWERS = {
+    "garbage": (stdout("\x00\xff\x8b garbage \ufffd"), "result reply is not JSON"),
+    "cut in half": (lambda r: CommandResponse(stdout=r.stdout[: len(r.stdout) // 2], stderr="", exit_code=0),
+                    "result reply is not JSON"),
+    "truncated payload": (truncated_data, "result could not be decoded"),
+    "far over the size cap": (lambda r: CommandResponse(stdout=r.stdout + " " * 2 * MAX_RESULT_REPLY, stderr="",
+                                                        exit_code=0), "characters is over the"),
+    "a tensor far over the size cap": (
+        stdout('{"status": "ok", "result": {"dtype": "float32", "shape": [1073741824], "data": "AAAAAA=="}}'),
+        "result could not be decoded"),
+    "the wrong document": (stdout('{"status": "ok", "traceback": ""}'), "result reply is malformed"),
+}
+HARNESS_ERRORS = {
+    "a failed command": (lambda r: CommandResponse(stdout="", stderr="ptenv-session: crashed\n", exit_code=1),
+                         "`ptenv-session result` exited with 1: ptenv-session: crashed"),
+    "a timeout": (timed_out, "reading result back failed: CommandTimeoutError"),
+}
+
+
+async def test_the_same_rollout_read_back_untouched_scores_one(env, server, monkeypatch):
+    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, lambda reply: reply))
+    (row,) = await evaluate(env, server, "reference", 1)
+    assert row["reward"] == 1.0 and row["scoring_error"] is None
+
+
+@pytest.mark.parametrize("fault", INVALID_ANSWERS)
+async def test_a_corrupted_read_back_is_an_invalid_answer(env, server, monkeypatch, fault):
+    corrupt, reason = INVALID_ANSWERS[fault]
+    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, corrupt))
+    (row,) = await evaluate(env, server, "reference", 1)  # a right answer, until the read-back
+    assert row["reward"] == 0.0 and row["scoring_error"] is None
+    assert reason in row["verdict"]["reason"] and "\n" not in row["verdict"]["reason"]
+
+
+@pytest.mark.parametrize("fault", HARNESS_ERRORS)
+async def test_a_failed_read_back_is_a_harness_error(env, server, monkeypatch, fault):
+    corrupt, reason = HARNESS_ERRORS[fault]
+    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, corrupt))
+    (row,) = await evaluate(env, server, "reference", 1)
+    assert row["reward"] == 0.0 and row["harness_error"] == 1.0
+    assert reason in row["scoring_error"] and "\n" not in row["scoring_error"]
+
+
+# ---- sandbox creation failing
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bwrap", [None, "echo 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1"],
+                         ids=["bwrap missing", "bwrap cannot isolate"])
+async def test_a_sandbox_that_cannot_be_created_is_a_clear_error(server, monkeypatch, tmp_path, bwrap):
+    if bwrap is None:  # not installed
+        monkeypatch.setenv("PATH", str(tmp_path))
+        reason = "bubblewrap (bwrap) is not installed: install it with `apt-get install bubblewrap`"
+    else:  # installed, but this machine cannot isolate
+        (tmp_path / "bwrap").write_text(f"#!/bin/sh\n{bwrap}\n")
+        (tmp_path / "bwrap").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+        reason = "cannot start the sandbox fork server: bwrap: Creating new namespace failed"
+    env = pytorch_env.load_environment()
+    try:
+        start = time.monotonic()
+        rows = await evaluate(env, server, "reference", 3)
+        elapsed = time.monotonic() - start
+    finally:
+        env.sandbox_client.teardown()
+    assert elapsed < 20
+    for row in rows:
+        assert row["reward"] == 0.0 and row["harness_error"] == 1.0
+        assert reason in row["scoring_error"] and "\n" not in row["scoring_error"]
