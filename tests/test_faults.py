@@ -26,18 +26,10 @@ from ptenv import proctree
 from ptenv.hostile import REPO
 from ptenv.policy_server import POLICIES, reference_policy, serve_in_thread
 from ptenv.sandbox.commands import MAX_RESULT_REPLY, RESULT_COMMAND
+from sandbox_util import wait_until
 
 sys.path.insert(0, str(REPO / "scripts"))
 import selfcheck  # noqa: E402  (its vf-eval command line, run mark and leftover check)
-
-
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def slow_policy(canary: str, task_ids=None):

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError  # noqa:
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
 from ptenv import policy_server, session  # noqa: E402
+from sandbox_util import wait_until  # noqa: E402
 from ptenv.v1_env import (  # noqa: E402
     DIAGNOSTICS,
     PyTorchHarness,
@@ -170,7 +170,7 @@ def run_vf_eval(url: str, policy: str, out: Path, n: int) -> list[dict]:
             "-n", str(n), "-r", "1", "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=VF_EVAL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert wait_until(lambda: not processes_marked(marker)), f"left running: {processes_marked(marker)}"
+    assert wait_until(lambda: not processes_marked(marker), 10), f"left running: {processes_marked(marker)}"
     episodes = [json.loads(line) for line in (out / "run" / "traces.jsonl").read_text().splitlines()]
     return [trace for episode in episodes for trace in episode["traces"]]
 
@@ -193,15 +193,6 @@ def processes_marked(marker: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return pids
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_vf_eval_reference_policy_scores_45_of_45(policy_url, tmp_path):

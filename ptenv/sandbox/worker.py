@@ -153,14 +153,20 @@ def spawn(channel_fd: int, request: dict, own_pid_ns: int, control: socket.socke
     return {"error": f"cannot create the sandbox: {error}"} if error else {"pid": pid}
 
 
-def reap_supervisors(live: dict[int, int]) -> None:
-    while live:
+def exited_children():
+    """Reap every child that has exited, without waiting; yields (pid, wait status)."""
+    while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, status
+
+
+def reap_supervisors(live: dict[int, int]) -> None:
+    for pid, _ in exited_children():
         live.pop(pid, None)
 
 
@@ -589,13 +595,7 @@ class Supervisor:
 
     def reap(self) -> None:
         """As PID 1 we inherit every orphan: reap them all, remembering how the session ended."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in exited_children():
             if pid == self.session["pid"]:
                 self.session["status"] = status
 
@@ -719,13 +719,8 @@ class Session:
 
 
 def reap_children(*_) -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for _ in exited_children():
+        pass
 
 
 def compile_cell(code: str, filename: str):
