@@ -41,6 +41,8 @@ class Container:
                 "--die-with-parent", "--clearenv"]
         for name, target in MOUNTS.items():
             args += ["--bind", str(self.root / name), target]
+        # The venv stands in for the image's Python with torch; keep it visible if it lives under /tmp.
+        args += ["--ro-bind", sys.prefix, sys.prefix]
         path = f"/usr/local/bin:{Path(sys.executable).parent}:/usr/bin:/bin"
         for key, value in {**self.env, "PATH": path, "HOME": "/root"}.items():
             args += ["--setenv", key, value]
