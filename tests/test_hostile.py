@@ -34,7 +34,7 @@ EXPECTED = {
     "spin_ignoring_the_alarm": (NO_RESULT, ["time limit and the session was restarted"]),
     "fork_bomb": (NO_RESULT, ["Resource temporarily unavailable", TIMED_OUT]),
     "shell_fork_bomb": (NO_RESULT, []),  # its children print after the cell; the sweep kills them
-    "memory_bomb": (NO_RESULT, ["allocate", TIMED_OUT]),
+    "memory_bomb": (NO_RESULT, ["allocate", "MiB of memory", TIMED_OUT]),
     "print_flood": (NO_RESULT, ["more bytes of stdout were cut"]),
     "fill_the_disk": (NO_RESULT, ["No space left on device", TIMED_OUT]),
     "steal_the_answer_key": (NO_RESULT, []),

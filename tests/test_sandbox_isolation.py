@@ -13,7 +13,7 @@ import pytest
 from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 
 from ptenv.sandbox.local import LocalSandboxClient, SandboxUnavailableError
-from sandbox_util import SHORT, box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
+from sandbox_util import MEMORY_MB, SHORT, box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -290,3 +290,16 @@ def test_nothing_outlives_the_host(how):
     finally:
         host.kill()
         host.wait()
+
+
+async def test_many_processes_together_cannot_pass_the_sandbox_memory_limit(box):
+    # Each process stays under its own address-space limit; together they hold 1 GiB of a 512 MiB sandbox.
+    forks = "import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        hog = b'x' * (200 << 20)\n        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)\n"
+    reply = await box.cell(forks)
+    assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    await only_the_sandbox_runs(box)
+
+    command = " & ".join(["python3 -c \"import time; hog = b'x' * (200 << 20); time.sleep(30)\""] * 5) + " & wait"
+    done = await box.sh(command, timeout=30)
+    assert done.exit_code == 137 and f"the sandbox used more than its {MEMORY_MB} MiB of memory" in done.stderr, done
+    await only_the_sandbox_runs(box)

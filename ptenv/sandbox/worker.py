@@ -52,6 +52,7 @@ NPROC = 64
 NOFILE = 1024
 CPU_PER_CELL_LIMIT = 10  # CPU seconds per session or shell = this many full-length cells
 SANDBOX_PATH = "/tmp"
+MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
 SESSION_BROKEN = 70
 
 CLONE_NEWNS = 0x00020000
@@ -282,7 +283,7 @@ def start_sandbox(channel_fd: int, config: dict) -> None:
     except BaseException as e:
         send_frame(channel, json.dumps({"error": f"cannot isolate the sandbox: {e}"}).encode())
         raise
-    supervisor = Supervisor(channel, config["cell_timeout"], owns_pid_namespace=True)
+    supervisor = Supervisor(channel, config["cell_timeout"], owns_pid_namespace=True, memory_mb=config["memory_mb"])
     send_frame(channel, json.dumps({"ready": True}).encode())
     supervisor.serve()
 
@@ -331,10 +332,13 @@ class Supervisor:
     model's to kill. In a container it serves the session beside other processes (serve()), and
     only ever kills what it started."""
 
-    def __init__(self, channel: socket.socket, cell_timeout: float, owns_pid_namespace: bool):
+    def __init__(self, channel: socket.socket, cell_timeout: float, owns_pid_namespace: bool, memory_mb: int | None):
         self.channel = channel  # its end means the sandbox was deleted
         self.cell_timeout = cell_timeout
         self.owns_pid_namespace = owns_pid_namespace
+        # RLIMIT_AS bounds each process; this bounds their sum (a sandbox may run many).
+        self.memory_mb = memory_mb
+        self.next_memory_check = 0.0
         # Not on the supervisor itself: it lives as long as the sandbox.
         cpu = max(1, round(CPU_PER_CELL_LIMIT * self.cell_timeout))
         self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
@@ -399,6 +403,8 @@ class Supervisor:
                 os.close(control.detach())
                 close_fds_except({child_end.fileno(), out_w, err_w})
                 resource.setrlimit(resource.RLIMIT_CPU, self.cpu_limit)
+                # The model's own processes may be inspected (we read their memory use); we may not.
+                check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(DUMPABLE)")
                 Session(child_end, out_w, err_w, self.inputs).serve()
             finally:
                 os._exit(SESSION_BROKEN)  # a cell broke the session's own code (e.g. patched builtins)
@@ -458,7 +464,7 @@ class Supervisor:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None, None  # ran past the limit
-            ready, _, _ = select.select(watch, [], [], left)
+            ready, _, _ = select.select(watch, [], [], min(left, MEMORY_POLL))
             if self.channel in ready and not self.channel.recv(1, socket.MSG_PEEK):
                 os._exit(0)  # the host deleted the sandbox mid-cell
             if capture:
@@ -477,6 +483,25 @@ class Supervisor:
                 return None, self.session_death() or "closed its control channel"
             if s["pidfd"] in ready:
                 return None, self.session_death() or "ended"
+            if self.over_memory():
+                return None, f"used more than its {self.memory_mb} MiB of memory"
+
+    def over_memory(self) -> bool:
+        """Whether the sandbox's processes (but us) hold more than the limit, shared pages counted once.
+        Looked at once per MEMORY_POLL at most: a busy command wakes us far more often."""
+        now = time.monotonic()
+        if self.memory_mb is None or now < self.next_memory_check:
+            return False
+        self.next_memory_check = now + MEMORY_POLL
+        total_kb = 0
+        for pid in live_pids():
+            if pid != os.getpid():
+                try:
+                    with open(f"/proc/{pid}/smaps_rollup") as f:
+                        total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+                except (OSError, StopIteration, ValueError):
+                    continue  # gone meanwhile
+        return total_kb > self.memory_mb * 1024
 
     def drain(self, capture: tuple[Capture, Capture]) -> None:
         for fd, sink in zip((self.session["out"], self.session["err"]), capture):
@@ -557,16 +582,21 @@ class Supervisor:
         for fd in streams:
             os.set_blocking(fd, False)
         deadline = time.monotonic() + timeout
+        over_memory = False
         while True:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([pidfd, self.channel, *streams], [], [], max(left, 0))
+            ready, _, _ = select.select([pidfd, self.channel, *streams], [], [], min(max(left, 0), MEMORY_POLL))
             if self.channel in ready and not self.channel.recv(1, socket.MSG_PEEK):
                 os._exit(0)
             for fd, sink in streams.items():
                 read_available(fd, sink)
-            if pidfd in ready or left <= 0:
+            over_memory = pidfd not in ready and self.over_memory()
+            if pidfd in ready or left <= 0 or over_memory:
                 break
-        timed_out = pidfd not in ready
+        timed_out = pidfd not in ready and not over_memory
+        if over_memory:
+            os.killpg(pid, signal.SIGKILL)
+            err.feed(f"\n[killed: the sandbox used more than its {self.memory_mb} MiB of memory]\n".encode())
         if timed_out:
             os.killpg(pid, signal.SIGKILL)
         # The command is over when the shell exits; a background job may keep the pipes open.
@@ -760,7 +790,9 @@ def serve(socket_path: str) -> None:
     warm_up()
     # Nothing outside deletes a container's session: its channel is one whose other end we keep.
     _other_end, channel = socket.socketpair()
-    supervisor = Supervisor(channel, float(os.environ.get("PTENV_CELL_TIMEOUT", "30")), owns_pid_namespace=False)
+    cell_timeout = float(os.environ.get("PTENV_CELL_TIMEOUT", "30"))
+    # The container's own memory limit covers everything in it.
+    supervisor = Supervisor(channel, cell_timeout, owns_pid_namespace=False, memory_mb=None)
     server = socket.socket(socket.AF_UNIX)
     server.bind(socket_path + ".tmp")
     os.rename(socket_path + ".tmp", socket_path)  # appears only once it listens
