@@ -338,7 +338,7 @@ class Supervisor:
         self.owns_pid_namespace = owns_pid_namespace
         # RLIMIT_AS bounds each process; this bounds their sum (a sandbox may run many).
         self.memory_mb = memory_mb
-        self.next_memory_check = 0.0
+        self.next_memory_check = 0.0  # set when each command starts
         # Not on the supervisor itself: it lives as long as the sandbox.
         cpu = max(1, round(CPU_PER_CELL_LIMIT * self.cell_timeout))
         self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
@@ -458,6 +458,7 @@ class Supervisor:
         finally:
             s["control"].settimeout(None)
         watch = [s["control"], s["pidfd"], self.channel]
+        self.next_memory_check = time.monotonic() + MEMORY_POLL  # a quick request never pays for a look
         if capture:
             watch += [s["out"], s["err"]]
         while True:
@@ -582,6 +583,7 @@ class Supervisor:
         for fd in streams:
             os.set_blocking(fd, False)
         deadline = time.monotonic() + timeout
+        self.next_memory_check = time.monotonic() + MEMORY_POLL
         over_memory = False
         while True:
             left = deadline - time.monotonic()
