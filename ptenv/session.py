@@ -12,6 +12,7 @@ import torch
 
 from ptenv.grader import Verdict, grade
 from ptenv.sandbox import commands
+from ptenv.sandbox.commands import one_line
 
 
 class SessionError(RuntimeError):
@@ -76,6 +77,3 @@ def error_chain(error: BaseException) -> str:
         error = error.__cause__ or error.__context__
     return one_line(" <- ".join(parts))
 
-
-def one_line(e: object, limit: int = 300) -> str:
-    return " ".join(str(e).split())[:limit]

@@ -73,12 +73,7 @@ def exec_command(code: str) -> str:
 
 def parse_exec_reply(stdout: str) -> CellReply:
     """The reply to `exec` (or `preload`) as a CellReply; ReplyError if it is not one."""
-    if len(stdout) > MAX_CELL_REPLY:
-        raise ReplyError(f"cell reply of {len(stdout)} characters is over the {MAX_CELL_REPLY} cap")
-    try:
-        doc = json.loads(stdout)
-    except ValueError:
-        raise ReplyError(f"cell reply is not JSON: {stdout[:80]!r}") from None
+    doc = load_reply(stdout, MAX_CELL_REPLY, "cell", ReplyError)
     if not isinstance(doc, dict) or set(doc) != CELL_KEYS:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise ReplyError(f"cell reply must have keys {sorted(CELL_KEYS)}, got {keys}")
@@ -112,12 +107,7 @@ def cell_note(doc: dict) -> str:
 
 def parse_result_reply(stdout: str) -> torch.Tensor | None:
     """The model's `result` as a plain tensor, None if there is none; ResultError if it is invalid."""
-    if len(stdout) > MAX_RESULT_REPLY:
-        raise ResultError(f"result reply of {len(stdout)} characters is over the {MAX_RESULT_REPLY} cap")
-    try:
-        doc = json.loads(stdout)
-    except ValueError:
-        raise ResultError(f"result reply is not JSON: {stdout[:80]!r}") from None
+    doc = load_reply(stdout, MAX_RESULT_REPLY, "result", ResultError)
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing" and set(doc) == {"status"}:
         return None
@@ -131,6 +121,17 @@ def parse_result_reply(stdout: str) -> torch.Tensor | None:
     raise ResultError(f"result reply is malformed: {stdout[:80]!r}")
 
 
-def one_line(text: str, limit: int) -> str:
-    text = " ".join(text.split())
+def load_reply(stdout: str, cap: int, what: str, error: type[ValueError]):
+    """The one JSON document a reply holds, or `error` saying why it does not."""
+    if len(stdout) > cap:
+        raise error(f"{what} reply of {len(stdout)} characters is over the {cap} cap")
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        raise error(f"{what} reply is not JSON: {stdout[:80]!r}") from None
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Any message as one line of at most `limit` characters."""
+    text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -34,6 +34,7 @@ from prime_sandboxes import (
     SandboxNotRunningError,
 )
 
+from ptenv.sandbox.commands import one_line
 from ptenv.sandbox.framing import FRAME, MAX_FRAME, recv_frame
 from ptenv.sandbox.worker import GRACE, SCRATCH_MB, WORKER_FILES
 
@@ -451,6 +452,3 @@ def not_running(box: _Box) -> SandboxNotRunningError:
 def short(command: str) -> str:
     return command if len(command) <= 80 else command[:77] + "..."
 
-
-def one_line(e: object) -> str:
-    return " ".join(str(e).split())[:300]
