@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from ptenv.dataset import TaskRow, load_rows, parse_row
+from ptenv.dataset import RowError, TaskRow, load_rows, parse_row
 
 DEFAULT_DATASET = "eltociear/pytorch-tasks-v1"
 # Beside pytorch_env.py, in the repo and in an installed wheel alike.
@@ -28,7 +28,11 @@ def _load_from_hub(dataset_name: str, split: str) -> list[TaskRow]:
         raise ValueError(f"{dataset_name}: cannot load split {split!r}: {str(e).splitlines()[0]}") from None
     tasks = []
     for i, row in enumerate(rows):
+        where = f"{dataset_name}[{split}] row {i}"
         if isinstance(row.get("info"), str):  # hub copies may keep info as a JSON string
-            row = {**row, "info": json.loads(row["info"])}
-        tasks.append(parse_row(row, f"{dataset_name}[{split}] row {i}"))
+            try:
+                row = {**row, "info": json.loads(row["info"])}
+            except ValueError as e:
+                raise RowError(f"{where}: info: not valid JSON: {e}") from None
+        tasks.append(parse_row(row, where))
     return tasks

@@ -56,6 +56,15 @@ def test_a_malformed_row_of_a_fork_names_the_row_and_the_field(tmp_path):
     assert str(e.value) == f"{name}[train] row 2: info.expected_output: unknown dtype 'float128'"
 
 
+def test_a_fork_whose_info_is_broken_json_names_the_row(tmp_path):
+    rows = [json.loads(line) for line in BUNDLED.read_text().splitlines()[:2]]
+    rows = [{**r, "info": json.dumps(r["info"])} for r in rows]
+    rows[1]["info"] = rows[1]["info"][:-5]
+    name = fork(tmp_path, rows)
+    with pytest.raises(RowError, match=rf"^{name}\[train\] row 1: info: not valid JSON: "):
+        load_tasks(name, "train")
+
+
 def test_an_unknown_sandbox_is_one_line():
     with pytest.raises(ValueError, match=r"^unknown sandbox 'docker': choose one of \['local', 'prime'\]$"):
         pytorch_env.load_environment(sandbox="docker")
