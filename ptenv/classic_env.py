@@ -69,6 +69,9 @@ class PyTorchEnv(SandboxEnv):
             outcome = await session.score(
                 self.sandbox_client, state["sandbox_id"], expected, self.transport.command_timeout
             )
+            if outcome.scoring_error is not None:
+                # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
+                state["error"] = vf.SandboxError(outcome.scoring_error)
         state.update(outcome.as_state())
 
     @vf.teardown

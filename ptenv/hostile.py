@@ -286,12 +286,71 @@ def spoof_the_reward(t: Task) -> str:
     )
 
 
+# ---- going for the harness: each would turn a wrong answer (`result` is zeros) into a harness error
+
+
+def interrupt_the_supervisor(t: Task) -> str:
+    """SIGINT to PID 1: with Python's default handler it would raise KeyboardInterrupt there."""
+    return f"import os, signal\nresult = {t.zeros}\nos.kill(1, signal.SIGINT)\n"
+
+
+def starve_the_supervisor(t: Task) -> str:
+    """Lower the supervisor's limits and priority, so that it fails or stalls the next command."""
+    return (
+        f"import os, resource\nresult = {t.zeros}\n"
+        "resource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))\n"
+        "os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))\n"
+    )
+
+
+def huge_type_name(t: Task) -> str:
+    """An invalid `result` whose type name is 42 MB of quotes: twice that once JSON-escaped."""
+    return "result = type('\"' * 42_000_000, (), {})()\n"
+
+
+def wide_output(t: Task) -> str:
+    """Output within the byte cap that grows sixfold when escaped: invalid UTF-8 and emoji."""
+    return f"import os\nresult = {t.zeros}\nos.write(1, b'\\xff' * 16384)\nraise ValueError('\\U0001F600' * 20000)\n"
+
+
+def nested_reply(t: Task) -> str:
+    """Make the session's reply to the read-back 10,000 levels of nested JSON."""
+    return (
+        "import json\n"
+        "encode = json._default_encoder.encode\n"
+        "json._default_encoder.encode = lambda o: '[' * 10000 + ']' * 10000 if 'traceback' not in o else encode(o)\n"
+        f"result = {t.zeros}\n"
+    )
+
+
+def trickle_the_reply(t: Task) -> str:
+    """Answer the read-back with a frame header and then one byte every 20 s."""
+    return (
+        "import json, os, struct, sys, time\n"
+        "frame = sys._getframe()\n"
+        "while type(frame.f_locals.get('self')).__name__ != 'Session':\n"
+        "    frame = frame.f_back\n"
+        "channel = frame.f_locals['self'].control.fileno()\n"
+        "def trickle(o):\n"
+        "    if 'traceback' in o:\n"
+        "        return encode(o)\n"
+        "    os.write(channel, struct.pack('>Q', 100))\n"
+        "    while True:\n"
+        "        time.sleep(20)\n"
+        "        os.write(channel, b' ')\n"
+        "encode = json._default_encoder.encode\n"
+        "json._default_encoder.encode = trickle\n"
+        f"result = {t.zeros}\n"
+    )
+
+
 TRICKS = {f.__name__: f for f in (
     busy_loop, spin_ignoring_the_alarm, fork_bomb, shell_fork_bomb, memory_bomb, print_flood,
     fill_the_disk, steal_the_answer_key, call_the_network, kill_everything, exit_hard,
     exit_with_success, liar_subclass, meta_tensor, extra_leading_dim, wrong_dtype, one_element,
     replace_torch, delete_result, patch_builtins, forge_the_encoder, inject_protocol_frames,
-    escape_the_filesystem, background_daemon, spoof_the_reward,
+    escape_the_filesystem, background_daemon, spoof_the_reward, interrupt_the_supervisor,
+    starve_the_supervisor, huge_type_name, wide_output, nested_reply, trickle_the_reply,
 )}
 
 

@@ -12,13 +12,11 @@ import atexit
 import json
 import os
 import shutil
-import struct
 import tempfile
 
 from prime_sandboxes import CommandResponse, CommandTimeoutError, SandboxNotRunningError
 
-FRAME = struct.Struct(">I")
-MAX_FRAME = 160 << 20  # the sandbox's own reply cap (worker.MAX_FRAME) plus JSON escaping headroom
+from ptenv.sandbox.protocol import FRAME, MAX_FRAME
 
 
 class RelayError(RuntimeError):

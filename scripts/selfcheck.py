@@ -31,7 +31,7 @@ MARK = f"PTENV_SELFCHECK={uuid.uuid4().hex}".encode()
 def eval_command(url: str, policy: str, args: list[str], out: Path) -> tuple[list[str], dict]:
     """The vf-eval command line and its environment, with this run's mark."""
     command = [str(VF_EVAL), "pytorch-env", "-m", policy, "-b", url, "-k", "SELFCHECK_API_KEY",
-               *args, "-s", "-C", "scoring_error", "-d", "-o", str(out)]
+               *args, "-s", "-C", "scoring_error,verdict", "-d", "-o", str(out)]
     name, value = MARK.decode().split("=")
     return command, {**os.environ, "SELFCHECK_API_KEY": "unused", name: value}
 

@@ -8,6 +8,7 @@ from prime_sandboxes import CreateSandboxRequest
 
 from ptenv.sandbox.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
 from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.sandbox.protocol import Limits
 
 REQUEST = CreateSandboxRequest(name="test", docker_image="local")
 CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
@@ -44,7 +45,7 @@ class Box:
     """One sandbox with shortcuts for the three kinds of command."""
 
     def __init__(self, client: LocalSandboxClient, sandbox_id: str, uid: int):
-        self.client, self.id, self.uid = client, sandbox_id, uid
+        self.client, self.id, self.uid = client, sandbox_id, uid  # the model's uid; its supervisor's is uid - 1
 
     async def cell(self, code: str, timeout: float | None = None):
         """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
@@ -59,7 +60,8 @@ class Box:
         return parse_result_reply((await self.client.execute_command(self.id, RESULT_COMMAND)).stdout)
 
     def processes(self) -> list[int]:
-        return host_processes(self.uid)
+        """Its supervisor's and the model's processes."""
+        return host_processes(self.uid - 1) + host_processes(self.uid)
 
 
 async def new_box(client: LocalSandboxClient) -> Box:
@@ -70,7 +72,7 @@ async def new_box(client: LocalSandboxClient) -> Box:
 
 @pytest.fixture(scope="module")
 def client():
-    client = LocalSandboxClient(cell_timeout=CELL_TIMEOUT, memory_limit_mb=MEMORY_MB)
+    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT, memory_mb=MEMORY_MB))
     yield client
     client.teardown()
 

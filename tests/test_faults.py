@@ -205,6 +205,7 @@ async def test_a_failed_read_back_is_a_harness_error(env, server, monkeypatch, f
     (row,) = await evaluate(env, server, "reference", 1)
     assert row["reward"] == 0.0 and row["harness_error"] == 1.0
     assert reason in row["scoring_error"] and "\n" not in row["scoring_error"]
+    assert reason in str(row["error"])  # a rollout error too: trainers that mask errored rollouts leave it out
 
 
 # ---- sandbox creation failing

@@ -20,6 +20,7 @@ from ptenv.sandbox.commands import (
     preload_command,
 )
 from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.sandbox.protocol import Limits
 from sandbox_util import box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
 
 
@@ -215,21 +216,21 @@ async def test_unknown_and_deleted_sandboxes_raise_cleanly(client):
     await client.delete(box.id)  # idempotent: SandboxEnv retries a delete that raised
     with pytest.raises(SandboxNotRunningError, match="does not exist or was deleted"):
         await client.execute_command(box.id, "true")
-    assert not box.processes()
+    assert wait_until(lambda: not box.processes())  # killed at once, reaped without blocking the fork server
 
 
 async def test_bulk_delete_kills_every_sandbox(client):
     boxes = [await new_box(client) for _ in range(3)]
     response = await client.bulk_delete([b.id for b in boxes])
     assert sorted(response.succeeded) == sorted(b.id for b in boxes)
-    assert all(not b.processes() for b in boxes)
+    assert wait_until(lambda: all(not b.processes() for b in boxes))
 
 
 async def test_sandbox_env_runs_unchanged_on_the_local_client():
     env = vf.SandboxEnv(
         dataset=Dataset.from_list([{"question": "q", "answer": ""}]), start_command=None, timeout_per_command_seconds=1
     )
-    env.sandbox_client = LocalSandboxClient(cell_timeout=1)
+    env.sandbox_client = LocalSandboxClient(Limits(cell_timeout=1))
     try:
         state = await env.setup_state({"prompt": [], "completion": [], "info": {}, "answer": "", "task": "default"})
         sandbox_id, sandbox_state = state["sandbox_id"], state["sandbox_state"]

@@ -13,6 +13,7 @@ import pytest
 from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 
 from ptenv.sandbox.local import LocalSandboxClient, SandboxUnavailableError
+from ptenv.sandbox.protocol import WORKER_FILES, Limits
 from sandbox_util import MEMORY_MB, SHORT, box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,10 +92,8 @@ async def test_the_answer_key_and_the_host_are_not_visible(box, tmp_path):
     # Only the worker's files of this package are there; the installed project files are masked.
     assert "ModuleNotFoundError" in (await box.cell("import ptenv.tasks")).stderr
     listing = await box.sh("cd /opt/ptenv && find . -type f | sort")
-    assert listing.stdout.split() == [
-        "./ptenv/__init__.py", "./ptenv/codec.py", "./ptenv/sandbox/__init__.py", "./ptenv/sandbox/framing.py",
-        "./ptenv/sandbox/worker.py", "./ptenv/session_ns.py",
-    ]
+    assert listing.stdout.split() == sorted(f"./{path}" for path in WORKER_FILES)
+    assert not any(word in path for word in ("tasks", "dataset", "grader") for path in WORKER_FILES)
     assert (await box.sh("cat /opt/site-packages/pytorch_env-*.dist-info/RECORD")).exit_code != 0
 
 
@@ -132,15 +131,26 @@ async def test_kill_everything_visible_harms_only_the_sandbox(client, box):
     await client.delete(other.id)
 
 
-async def test_crippling_its_own_supervisor_ends_only_that_sandbox_cleanly(client, box):
-    other = await new_box(client)
-    # Same uid as the supervisor: the model can lower its limits, and so break its own sandbox.
-    with pytest.raises(SandboxNotRunningError, match="supervisor failed: OSError: .* Too many open files"):
-        await box.cell("import resource\nresource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))")
-    with pytest.raises(SandboxNotRunningError, match="is not running"):
-        await box.sh("echo hi")
-    assert (await other.cell("print(1 + 1)")).stdout == "2\n"
-    await client.delete(other.id)
+async def test_the_model_cannot_touch_its_supervisor(box):
+    # The supervisor runs as a uid of its own: no signal, renice, ptrace, prlimit or /proc peek reaches it.
+    attempts = {
+        "signal": "os.kill(1, signal.SIGINT)",
+        "renice": "os.setpriority(os.PRIO_PROCESS, 1, 19)",
+        "scheduler": "os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))",
+        "prlimit": "resource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))",
+        "memory": "open('/proc/1/mem', 'rb').read(1)",
+        "environ": "open('/proc/1/environ', 'rb').read()",
+    }
+    for what, code in attempts.items():
+        reply = await box.cell(f"import os, signal, resource\n{code}")
+        assert reply.status == "error" and "PermissionError" in reply.stderr, (what, reply)
+    assert (await box.sh("kill -INT 1; renice -n 19 -p 1")).exit_code != 0
+    # Its scratch is the model's to break, and breaking it is the model's problem only.
+    await box.cell("import os\nos.chmod('/tmp', 0)")
+    reply = await box.sh("echo hi")
+    assert reply.exit_code == 2 and "Permission denied" in reply.stderr
+    assert (await box.sh("echo hi", working_dir="/")).stdout == "hi\n"
+    assert (await box.cell("print(1 + 1)")).stdout == "2\n"
 
 
 async def test_a_dead_supervisor_is_reported_not_waited_for(box):
@@ -177,7 +187,7 @@ async def test_sandboxes_cannot_see_each_other(client, box):
 
 
 async def test_cpu_time_is_limited():
-    client = LocalSandboxClient(cell_timeout=0.3)  # 10 cells' worth of CPU per process: 3 s
+    client = LocalSandboxClient(Limits(cell_timeout=0.3))  # 10 cells' worth of CPU per process: 3 s
     try:
         box = await new_box(client)
         spin = "import threading\ndef spin():\n    while True:\n        pass\nthreading.Thread(target=spin, daemon=True).start()"

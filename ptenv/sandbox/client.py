@@ -8,7 +8,7 @@ import shlex
 import socket
 import sys
 
-from ptenv.sandbox.framing import recv_frame, send_frame
+from ptenv.sandbox.protocol import recv_frame, send_frame
 
 SOCKET = os.environ.get("PTENV_SESSION_SOCKET", "/run/ptenv.sock")
 

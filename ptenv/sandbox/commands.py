@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import torch
 
 from ptenv import codec
-from ptenv.sandbox.worker import CAP
+from ptenv.sandbox.protocol import MAX_RESULT_REPLY, Limits, one_line
+
+CAP = Limits().output_bytes  # bytes of each stream the supervisor keeps
 
 RESULT_COMMAND = "ptenv-session result"
 STATUSES = ("ok", "error", "timeout", "reset")
 CELL_KEYS = {"status", "stdout", "stderr", "stdout_cut", "stderr_cut", "reset", "limit"}
-MAX_CELL_REPLY = 16 * CAP  # three capped streams, JSON-escaped
-MAX_RESULT_REPLY = (codec.MAX_BYTES + 2) // 3 * 4 + 4096
+MAX_CELL_REPLY = Limits().cell_reply_cap
 RESERVED_NAMES = ("torch", "result")
 
 
@@ -127,11 +128,5 @@ def load_reply(stdout: str, cap: int, what: str, error: type[ValueError]):
         raise error(f"{what} reply of {len(stdout)} characters is over the {cap} cap")
     try:
         return json.loads(stdout)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise error(f"{what} reply is not JSON: {stdout[:80]!r}") from None
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Any message as one line of at most `limit` characters."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

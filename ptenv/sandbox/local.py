@@ -1,18 +1,22 @@
 """Local sandbox transport: the calls verifiers' SandboxEnv makes on prime_sandboxes' async client
 (create, wait_for_creation, execute_command, delete, bulk_delete, teardown), answered by sandboxes
-on this machine, isolated with bubblewrap and Linux namespaces (the process tree is in worker.py).
+on this machine, isolated with bubblewrap, Linux namespaces, cgroups and seccomp (the process tree
+is in forkserver.py).
 
 The first `create` starts a fork server that imports torch once; a few idle sandboxes are kept
-forked ahead, so `create` is a queue pop and the first cell answers in milliseconds.
+forked ahead, so `create` is a pool pop and the first cell answers in milliseconds. The pool heals:
+a fork server that dies or stops answering is replaced, and a failed refill is retried with
+backoff; each failure costs only the rollouts that were waiting on it.
 """
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import importlib.metadata
+import itertools
 import json
 import os
-import queue
 import random
 import shutil
 import signal
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -34,16 +39,15 @@ from prime_sandboxes import (
     SandboxNotRunningError,
 )
 
-from ptenv.sandbox.commands import one_line
-from ptenv.sandbox.framing import FRAME, MAX_FRAME, recv_frame
-from ptenv.sandbox.worker import GRACE, SCRATCH_MB, WORKER_FILES
+from ptenv.sandbox import cgroups
+from ptenv.sandbox.protocol import FRAME, WORKER_FILES, Limits, one_line, recv_frame, recv_frame_async
 
-POOL_SIZE = 4  # idle sandboxes kept ready
 START_TIMEOUT = 60.0  # fork server start (imports torch)
-SPAWN_TIMEOUT = 30.0
+CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
 HOST_MARGIN = 5.0  # past a command's own deadline, the supervisor itself is considered hung
 DEFAULT_TIMEOUT = 300.0  # prime_sandboxes' default per command
-UID_SLOTS = 1 << 16  # each client takes a random block of uids; one uid per sandbox
+UID_SLOTS = 1 << 16  # each client takes a random block of uids; two per sandbox, never reused early
+BACKOFF = (0.1, 5.0)  # seconds between refill attempts after a failure: first, and at most
 PTENV_ROOT = "/opt/ptenv"
 SITE_PACKAGES = "/opt/site-packages"
 ETC_FILES = (
@@ -60,7 +64,12 @@ NO_FALLBACK = "nothing runs unsandboxed"
 
 
 class SandboxUnavailableError(RuntimeError):
-    """This machine cannot isolate a sandbox (no bubblewrap, no namespaces, not root)."""
+    """No sandbox could be made: this machine cannot isolate one (no bubblewrap, no namespaces,
+    not root), or the fork server failed."""
+
+
+class ControlError(SandboxUnavailableError):
+    """The fork server died or stopped answering: it is replaced."""
 
 
 def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
@@ -68,7 +77,7 @@ def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
 
     Visible, read-only: /usr (and the /bin, /lib... links into it), a few /etc files, the Python
     installation, the venv's site-packages (with this project's own installed files masked) and
-    the five worker files. Nothing of the repo, /work, /root or the Hugging Face cache.
+    the worker's files (WORKER_FILES). Nothing of the repo, /work, /root or the Hugging Face cache.
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -137,27 +146,43 @@ def installed_project_files() -> list[Path]:
 class _Box:
     id: str
     pid: int  # of its supervisor, as the fork server sees it
-    uid: int
+    uid: int  # of its supervisor; the model's is uid + 1
     sock: socket.socket
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    requests: itertools.count = field(default_factory=itertools.count)
     dead: str | None = None  # why it no longer answers
+
+    def is_alive(self) -> bool:
+        """Its supervisor has not closed its channel (idle in the pool, it sends nothing else)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
 
 class LocalSandboxClient:
     """prime_sandboxes.AsyncSandboxClient's interface, as SandboxEnv uses it, on local sandboxes."""
 
-    def __init__(self, cell_timeout: float = 30.0, memory_limit_mb: int = 2048):
-        self.cell_timeout = cell_timeout
-        self.memory_limit_mb = memory_limit_mb
+    pool_size = 4  # idle sandboxes kept ready
+
+    def __init__(self, limits: Limits = Limits()):
+        self.limits = limits
+        self.cgroup_mode = "not started"  # what the kernel enforces per sandbox, once the fork server runs
         self._boxes: dict[str, _Box] = {}
-        self._pool: queue.Queue = queue.Queue()  # idle _Box, or the error that stopped the refill
+        self._pool: collections.deque[_Box] = collections.deque()  # idle sandboxes; guarded by _cond
         self._cond = threading.Condition()
         self._waiting = 0
+        self._failure: Exception | None = None  # the refill's latest failure, for those waiting
+        self._failures = 0
         self._closed = False
         self._thread: threading.Thread | None = None
         self._zygote: subprocess.Popen | None = None
         self._control: socket.socket | None = None
         self._control_lock = threading.Lock()
+        self._request_ids = itertools.count()
+        self._cgroup_dirs: dict[str, str] = {}
         self._uid_base = 1_000_000 + random.randrange(60_000) * UID_SLOTS
         self._slots = 0
 
@@ -171,15 +196,10 @@ class LocalSandboxClient:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._refill, name="ptenv-sandbox-pool", daemon=True)
                 self._thread.start()
-        try:
-            box = self._pool.get_nowait()
-        except queue.Empty:
+                atexit.register(self.teardown)
+            box = self._pop_live()
+        if box is None:
             box = await asyncio.to_thread(self._wait_for_box)
-        if isinstance(box, Exception):
-            self._pool.put(box)  # every later create fails the same way
-            raise box
-        with self._cond:
-            self._cond.notify_all()
         self._boxes[box.id] = box
         now = datetime.now(timezone.utc)
         return Sandbox(
@@ -187,8 +207,8 @@ class LocalSandboxClient:
             name=request.name,
             docker_image=request.docker_image or "local",
             cpu_cores=1,
-            memory_gb=self.memory_limit_mb / 1024,
-            disk_size_gb=SCRATCH_MB / 1024,
+            memory_gb=self.limits.memory_mb / 1024,
+            disk_size_gb=self.limits.scratch_mb / 1024,
             disk_mount_path="/tmp",
             gpu_count=0,
             status="RUNNING",
@@ -211,10 +231,10 @@ class LocalSandboxClient:
         box = self._live_box(sandbox_id)
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         request = {"command": command, "cwd": working_dir, "timeout": timeout}
-        reply = await self._roundtrip(box, request, timeout + GRACE + HOST_MARGIN)
+        reply = await self._roundtrip(box, request, timeout + self.limits.grace + HOST_MARGIN)
         if reply.get("timed_out") is True:
             raise CommandTimeoutError(sandbox_id, short(command), timeout)
-        if "error" in reply:  # the supervisor could not serve the command (e.g. the model broke it)
+        if "error" in reply:  # the supervisor could not serve the command: the harness failed
             self._stop(box, one_line(reply["error"]))
         else:
             try:
@@ -240,24 +260,20 @@ class LocalSandboxClient:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._zygote is not None and self._zygote.poll() is None:
-            # bwrap's --die-with-parent chain takes the fork server and every sandbox down with it.
-            os.killpg(self._zygote.pid, signal.SIGKILL)
-            self._zygote.wait()
+        self._stop_zygote()
         for box in list(self._boxes.values()):
             self._stop(box, "the sandbox client was torn down")
             box.sock.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        while True:  # idle sandboxes in the pool: their supervisors died with the fork server
-            try:
-                box = self._pool.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(box, _Box):
-                box.sock.close()
-        if self._control is not None:
-            self._control.close()
+        with self._cond:  # idle sandboxes: their supervisors died with the fork server
+            while self._pool:
+                self._pool.popleft().sock.close()
+        if self._cgroup_dirs:  # empty once the sandboxes' last processes have exited
+            deadline = time.monotonic() + 5
+            while any(map(os.path.exists, self._cgroup_dirs.values())) and time.monotonic() < deadline:
+                cgroups.remove_client_dirs(self._cgroup_dirs)
+                time.sleep(0.05)
 
     # -- sandboxes
 
@@ -274,6 +290,7 @@ class LocalSandboxClient:
         async with box.lock:
             if box.dead:
                 raise not_running(box)
+            request = {**request, "id": next(box.requests)}
             payload = json.dumps(request).encode()
             try:
                 async with asyncio.timeout(wait):
@@ -295,7 +312,7 @@ class LocalSandboxClient:
                 reply = json.loads(frame)
             except ValueError:
                 reply = None
-            if not isinstance(reply, dict):
+            if not isinstance(reply, dict) or reply.get("id") != request["id"]:
                 self._stop(box, "it sent a malformed reply")
                 raise not_running(box)
             return reply
@@ -321,72 +338,112 @@ class LocalSandboxClient:
             self._boxes.pop(box.id, None)
 
     def _kill(self, boxes: list[_Box]) -> None:
-        """Have the fork server SIGKILL each supervisor (and so its pid namespace) and reap it."""
-        request = {"op": "kill", "sandboxes": [[b.pid, b.uid] for b in boxes]}
+        """Have the fork server SIGKILL each supervisor (and so its pid namespace); it reaps them later."""
         try:
-            with self._control_lock:
-                self._control.send(json.dumps(request).encode())
-                self._control.settimeout(SPAWN_TIMEOUT)
-                self._control.recv(65536)
-        except OSError:
-            pass  # the fork server is gone, and every sandbox with it
+            self._control_call({"op": "kill", "sandboxes": [[b.pid, b.uid] for b in boxes]})
+        except ControlError:
+            pass  # the fork server is gone or is being replaced, and its sandboxes with it
 
     # -- the pool and the fork server
 
-    def _wait_for_box(self):
+    def _pop_live(self) -> _Box | None:
+        """An idle sandbox that is still alive (one whose fork server died is dropped); holds _cond."""
+        while self._pool:
+            box = self._pool.popleft()
+            self._cond.notify_all()
+            if box.is_alive():
+                return box
+            box.sock.close()
+        return None
+
+    def _wait_for_box(self) -> _Box:
+        """Wait for the refill; a failure of it while we wait fails this create only."""
+        deadline = time.monotonic() + START_TIMEOUT + CONTROL_TIMEOUT
         with self._cond:
             self._waiting += 1
             self._cond.notify_all()
-        try:
-            return self._pool.get(timeout=START_TIMEOUT + SPAWN_TIMEOUT)
-        except queue.Empty:
-            return SandboxUnavailableError(f"no sandbox became ready within {START_TIMEOUT + SPAWN_TIMEOUT:g} s")
-        finally:
-            with self._cond:
+            seen = self._failures
+            try:
+                while True:
+                    box = self._pop_live()
+                    if box is not None:
+                        return box
+                    if self._failures != seen:
+                        raise self._failure
+                    if self._closed:
+                        raise SandboxUnavailableError("this sandbox client was torn down")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SandboxUnavailableError(f"no sandbox became ready within {START_TIMEOUT + CONTROL_TIMEOUT:g} s")
+                    self._cond.wait(left)
+            finally:
                 self._waiting -= 1
 
     def _refill(self) -> None:
-        """Background thread: starts the fork server, then keeps POOL_SIZE idle sandboxes ready.
+        """Background thread: keeps pool_size idle sandboxes ready, plus one per waiting create.
 
-        It also owns the fork server process, whose bwrap dies with the thread that started it."""
-        try:
-            self._start_zygote()
-            while True:
+        It also owns the fork server process, whose bwrap dies with the thread that started it,
+        and replaces it when it dies or stops answering."""
+        backoff, replaced = BACKOFF[0], False
+        while True:
+            with self._cond:
+                while not self._closed and len(self._pool) >= self.pool_size + self._waiting:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                if self._zygote is None or self._zygote.poll() is not None:
+                    self._start_zygote()
+                box = self._spawn()
+            except Exception as e:
+                if isinstance(e, ControlError):
+                    self._stop_zygote()
+                    if not replaced:  # a fork server that died: start another at once, unseen by waiters
+                        replaced = True
+                        continue
                 with self._cond:
-                    while not self._closed and self._pool.qsize() >= POOL_SIZE + self._waiting:
-                        self._cond.wait()
-                    if self._closed:
-                        return
-                self._pool.put(self._spawn())
-        except Exception as e:
-            if not self._closed:
-                error = e if isinstance(e, SandboxUnavailableError) else SandboxUnavailableError(one_line(e))
-                self._pool.put(error)
+                    self._failure = e if isinstance(e, SandboxUnavailableError) else SandboxUnavailableError(one_line(e))
+                    self._failures += 1
+                    self._cond.notify_all()
+                    self._cond.wait(backoff)  # teardown wakes us
+                backoff = min(backoff * 2, BACKOFF[1])
+                continue
+            backoff, replaced = BACKOFF[0], False
+            with self._cond:
+                self._pool.append(box)
+                self._cond.notify_all()
 
     def _start_zygote(self) -> None:
         if os.geteuid() != 0:
             raise SandboxUnavailableError(
                 "the local sandbox must run as root: it mounts each sandbox's private /tmp and gives "
-                f"each sandbox its own unprivileged uid; {NO_FALLBACK}"
+                f"each sandbox its own unprivileged uids; {NO_FALLBACK}"
             )
+        self._stop_zygote()  # a dead or wedged one, and its control socket
+        dir_fds = self._open_cgroup_dirs()
         host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         python = os.path.realpath(sys.executable)  # inside, no venv: site-packages come via PYTHONPATH
-        argv = [python, "-S", "-P", "-m", "ptenv.sandbox.worker", "zygote", str(zygote_end.fileno())]
-        self._zygote = subprocess.Popen(
-            sandbox_command(argv, privileged=True),
-            pass_fds=[zygote_end.fileno()],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # Ctrl-C reaches the host only; teardown kills the group
-        )
-        zygote_end.close()
+        argv = [python, "-S", "-P", "-m", "ptenv.sandbox.worker", "zygote", str(zygote_end.fileno()), json.dumps(dir_fds)]
+        try:
+            self._zygote = subprocess.Popen(
+                sandbox_command(argv, privileged=True),
+                pass_fds=[zygote_end.fileno(), *dir_fds.values()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C reaches the host only; teardown kills the group
+            )
+        finally:
+            zygote_end.close()
+            for fd in dir_fds.values():
+                os.close(fd)
         host_end.settimeout(START_TIMEOUT)
         try:
             ready = host_end.recv(65536)
         except TimeoutError:
             ready = b""
         if not ready:
+            host_end.close()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._zygote.pid, signal.SIGKILL)
             _, err = self._zygote.communicate(timeout=10)
@@ -397,23 +454,61 @@ class LocalSandboxClient:
                 f"namespaces (run as root, or enable them: sysctl user.max_user_namespaces=10000); {NO_FALLBACK}"
             )
         self._zygote.stderr.close()
-        self._control = host_end
-        atexit.register(self.teardown)
+        with self._control_lock:
+            self._control = host_end
+
+    def _open_cgroup_dirs(self) -> dict[str, int]:
+        """Directory fds of this client's cgroups for the fork server; {} where none can be had,
+        and then each sandbox denies the memory that only a cgroup could count (seccomp.py)."""
+        if not self._cgroup_dirs:
+            try:
+                self._cgroup_dirs = cgroups.make_client_dirs(f"ptenv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+                self.cgroup_mode = "cgroup v1: memory (shared memory included), pids and cpu per sandbox"
+            except cgroups.Unavailable as e:
+                self.cgroup_mode = f"no cgroup ({e}): memory polled, memfd and SysV shared memory denied"
+        return {c: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for c, path in self._cgroup_dirs.items()}
+
+    def _stop_zygote(self) -> None:
+        """Kill the fork server; bwrap's --die-with-parent chain takes every sandbox with it."""
+        with self._control_lock:
+            if self._control is not None:
+                self._control.close()
+                self._control = None
+        if self._zygote is not None and self._zygote.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._zygote.pid, signal.SIGKILL)
+            self._zygote.wait()
+
+    def _control_call(self, request: dict, fds: list[int] = ()) -> dict:
+        """One request to the fork server and its reply, matched by id; ControlError if it fails."""
+        request = {**request, "id": next(self._request_ids)}
+        with self._control_lock:
+            if self._control is None:
+                raise ControlError("the sandbox fork server is not running")
+            deadline = time.monotonic() + CONTROL_TIMEOUT
+            try:
+                socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
+                while True:
+                    self._control.settimeout(max(deadline - time.monotonic(), 0.001))
+                    msg = self._control.recv(65536)
+                    if not msg:
+                        raise ControlError("the sandbox fork server exited")
+                    reply = json.loads(msg)
+                    if reply.get("id") == request["id"]:
+                        return reply
+            except (OSError, ValueError) as e:  # TimeoutError is an OSError
+                raise ControlError(f"the sandbox fork server failed: {one_line(e)}") from None
 
     def _spawn(self) -> _Box:
         host_end, sandbox_end = socket.socketpair()
-        uid = self._uid_base + self._slots % UID_SLOTS
+        uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
         self._slots += 1
-        request = {"op": "spawn", "uid": uid, "cell_timeout": self.cell_timeout, "memory_mb": self.memory_limit_mb}
+        request = {"op": "spawn", "uids": [uid, uid + 1], "limits": self.limits.as_dict()}
         try:
-            with self._control_lock, sandbox_end:
-                self._control.settimeout(SPAWN_TIMEOUT)
-                socket.send_fds(self._control, [json.dumps(request).encode()], [sandbox_end.fileno()])
-                msg = self._control.recv(65536)
-            reply = json.loads(msg) if msg else {"error": "the sandbox fork server exited"}
+            with sandbox_end:
+                reply = self._control_call(request, [sandbox_end.fileno()])
             if "error" not in reply:
-                host_end.settimeout(SPAWN_TIMEOUT)
-                frame = recv_frame(host_end)
+                frame = recv_frame(host_end, 4096, time.monotonic() + CONTROL_TIMEOUT)
                 reply |= json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
             if "error" in reply:
                 raise SandboxUnavailableError(f"{reply['error']}; {NO_FALLBACK}")
@@ -422,27 +517,6 @@ class LocalSandboxClient:
             raise
         host_end.setblocking(False)
         return _Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=reply["pid"], uid=uid, sock=host_end)
-
-
-async def recv_frame_async(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes | None:
-    header = await recv_exact_async(loop, sock, FRAME.size)
-    if header is None:
-        return None
-    (n,) = FRAME.unpack(header)
-    if n > MAX_FRAME:
-        raise ValueError(f"reply of {n} bytes is over the {MAX_FRAME}-byte cap")
-    return await recv_exact_async(loop, sock, n)
-
-
-async def recv_exact_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = await loop.sock_recv_into(sock, view[got:])
-        if k == 0:
-            return None
-        got += k
-    return bytes(buf)
 
 
 def not_running(box: _Box) -> SandboxNotRunningError:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from prime_sandboxes import CreateSandboxRequest, StartCommand
 
-from ptenv.sandbox.worker import WORKER_FILES
+from ptenv.sandbox.protocol import WORKER_FILES
 
 IMAGE = "python:3.11-slim"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"

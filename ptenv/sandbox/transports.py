@@ -7,6 +7,7 @@ from typing import Awaitable, Callable
 from prime_sandboxes import CreateSandboxRequest
 
 from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.sandbox.protocol import Limits
 
 CELL_TIMEOUT = 30  # seconds one execute_code cell may run
 COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
@@ -25,7 +26,7 @@ class Transport:
 
 
 def local() -> Transport:
-    client = LocalSandboxClient(cell_timeout=CELL_TIMEOUT)
+    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT))
 
     async def session_is_built_in(sandbox_id: str) -> None:
         """Local sandboxes start with their session running."""

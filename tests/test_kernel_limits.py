@@ -1,0 +1,127 @@
+"""Limits the kernel enforces per sandbox, tried as a hostile model would: shared memory past the
+memory limit, the host's ptys, the unprivileged kernel surface that seccomp closes."""
+
+import ctypes
+import errno
+import platform
+import threading
+
+import pytest
+
+from ptenv.sandbox import cgroups, seccomp
+from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.sandbox.protocol import Limits
+from sandbox_util import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401
+
+LIMITS = Limits(memory_mb=MEMORY_MB)
+SANDBOX_MB = LIMITS.memory_mb + LIMITS.scratch_mb + LIMITS.shm_mb  # what its cgroup may hold
+# Many files, each under the file-size limit: 3 GiB in all.
+MEMFD_HOG = "import os\nchunk = b'x' * (1 << 20)\nfor _ in range(30):\n    fd = os.memfd_create('hog')\n    for _ in range(100):\n        os.write(fd, chunk)\n"
+# Segments filled and detached, so that they are in no process's memory: 3 GiB in all.
+SHM_HOG = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]\n"
+    "libc.shmat.argtypes, libc.shmat.restype = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int], ctypes.c_void_p\n"
+    "libc.shmdt.argtypes = [ctypes.c_void_p]\n"
+    "for _ in range(12):\n"
+    "    shm = libc.shmget(0, 256 << 20, 0o1600)\n"
+    "    assert shm >= 0, ctypes.get_errno()\n"
+    "    addr = libc.shmat(shm, None, 0)\n"
+    "    ctypes.memset(addr, 1, 256 << 20)\n"
+    "    libc.shmdt(addr)\n"
+)
+
+
+def mem_available_mb() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+class LowestFreeMemory(threading.Thread):
+    """Samples the host's available memory until stopped; `lowest` is the least it saw."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.lowest, self.done = mem_available_mb(), threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.02):
+            self.lowest = min(self.lowest, mem_available_mb())
+
+
+@pytest.mark.parametrize("hog", [MEMFD_HOG, SHM_HOG], ids=["memfd", "sysv shm"])
+async def test_shared_memory_is_stopped_at_the_sandbox_limit(client, box, hog):
+    assert client.cgroup_mode.startswith("cgroup v1"), client.cgroup_mode
+    before = mem_available_mb()
+    watch = LowestFreeMemory()
+    watch.start()
+    reply = await box.cell(hog)
+    watch.done.set()
+    watch.join()
+    # 3 GiB asked for; the host gives no more than the sandbox's limit (and a little noise).
+    assert before - watch.lowest <= SANDBOX_MB + 128, (before, watch.lowest)
+    assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+
+
+async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
+    def unavailable(name):
+        raise cgroups.Unavailable("none here")
+
+    monkeypatch.setattr(cgroups, "make_client_dirs", unavailable)
+    client = LocalSandboxClient(LIMITS)
+    try:
+        box = await new_box(client)
+        assert client.cgroup_mode.startswith("no cgroup (none here)")
+        for hog, error in ((MEMFD_HOG, "PermissionError"), (SHM_HOG, f"AssertionError: {errno.EPERM}")):
+            reply = await box.cell(hog)
+            assert reply.status == "error" and error in reply.stderr, reply
+    finally:
+        client.teardown()
+
+
+async def test_a_sandbox_cannot_use_up_the_hosts_ptys(client, box):
+    other = await new_box(client)
+    hoard = "import os\nptys = []\ntry:\n    while True:\n        ptys.append(os.openpty())\nexcept OSError as e:\n    print(len(ptys), e.strerror)"
+    assert (await box.cell(hoard)).stdout == f"{LIMITS.ptys} No space left on device\n"
+    reply = await other.cell("import os\nmaster, slave = os.openpty()\nprint(os.ttyname(slave))")
+    assert reply.stdout.startswith("/dev/pts/"), reply
+    await client.delete(other.id)
+
+
+CLONE_NEWUSER = 0x10000000
+# What an unprivileged process could otherwise reach, each with arguments that would succeed or
+# fail differently (EINVAL, EFAULT, ...) were it not denied.
+DENIED = {
+    "unshare": (CLONE_NEWUSER,),
+    "clone": (CLONE_NEWUSER | 17, 0, 0, 0, 0),
+    "setns": (0, 0),
+    "add_key": (b"user", b"stolen", b"secret", 6, -3),
+    "keyctl": (0, -3, 0),
+    "io_uring_setup": (8, 0),
+    "perf_event_open": (0, 0, -1, -1, 0),
+    "userfaultfd": (0,),
+    "bpf": (0, 0, 0),
+    "ptrace": (0, 0, 0, 0),
+    "mount": (b"none", b"/tmp", b"tmpfs", 0, 0),
+}
+
+
+async def test_seccomp_denies_the_unprivileged_kernel_surface(box):
+    numbers = seccomp.ARCHES[platform.machine()][1]
+    calls = {name: (numbers[name], args) for name, args in DENIED.items()}
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for name, (nr, args) in {calls!r}.items():\n"
+        "    ctypes.set_errno(0)\n"
+        "    print(name, libc.syscall(nr, *args), ctypes.get_errno())\n"
+    )
+    reply = await box.cell(code)
+    assert reply.status == "ok", reply
+    outcomes = dict((name, (int(r), int(e))) for name, r, e in map(str.split, reply.stdout.splitlines()))
+    assert outcomes == {name: (-1, errno.EPERM) for name in DENIED}
+    assert (await box.cell(f"import ctypes\nprint(ctypes.CDLL(None, use_errno=True).syscall({numbers['clone3']}, 0, 0))")).stdout == "-1\n"
+    assert (await box.sh("unshare -U true")).exit_code != 0
+    # Threads and subprocesses, which go through clone3 and clone, still work.
+    reply = await box.cell("import threading, subprocess\nt = threading.Thread(target=print, args=('thread',))\nt.start(); t.join()\nprint(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout, end='')")
+    assert reply.stdout == "thread\nchild\n", reply
+    await only_the_sandbox_runs(box)

@@ -1,0 +1,84 @@
+"""The pool heals: a fork server killed mid-run, or a sandbox that stalls its own death, costs only
+the rollouts in flight; every later rollout gets a working sandbox."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+import verifiers as vf
+
+import pytorch_env
+from ptenv import proctree
+from ptenv.policy_server import serve_in_thread
+from sandbox_util import client, new_box, wait_until  # noqa: F401
+
+CONCURRENCY = 8
+# Threads outlive their cell (each reserves a malloc arena: a 512 MiB sandbox has room for a few).
+BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\n"
+
+
+@pytest.fixture(scope="module")
+def server():
+    url, stop = serve_in_thread()
+    yield url
+    stop()
+
+
+def fork_servers() -> list[int]:
+    """This test's fork servers (not those of other runs on the machine)."""
+    found = []
+    for pid in proctree.tree([os.getpid()]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read()
+        except OSError:
+            continue
+        if b"ptenv.sandbox.worker\0zygote" in args and not args.startswith(b"/usr/bin/bwrap"):
+            found.append(pid)
+    return found
+
+
+async def evaluate(env, url: str, n: int, rollouts: int) -> list[dict]:
+    os.environ.setdefault("POOL_API_KEY", "unused")
+    client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="POOL_API_KEY", api_base_url=url)
+    out = await env.evaluate(client=client, model="reference", num_examples=n, rollouts_per_example=rollouts,
+                             max_concurrent=CONCURRENCY, state_columns=["scoring_error"], on_progress=lambda *a: None)
+    return out["outputs"]
+
+
+@pytest.mark.timeout(300)
+async def test_a_fork_server_killed_mid_run_costs_only_the_rollouts_in_flight(server):
+    env = pytorch_env.load_environment()
+    try:
+        run = asyncio.create_task(evaluate(env, server, 45, 4))
+        assert await asyncio.to_thread(wait_until, lambda: len(fork_servers()) == 1, 60)
+        (first,) = fork_servers()
+        await asyncio.sleep(1.0)
+        assert not run.done()  # mid-run
+        os.kill(first, signal.SIGKILL)
+        rows = await run
+        assert len(rows) == 180
+        failed = [r for r in rows if r["reward"] != 1.0]
+        assert all(r["scoring_error"] for r in failed), [r["scoring_error"] for r in failed]
+        # In flight: the rollouts holding a sandbox, and the idle ones a create took as it died.
+        assert len(failed) <= CONCURRENCY + env.sandbox_client.pool_size, [r["scoring_error"] for r in failed]
+        assert fork_servers() != [first]  # it was replaced mid-run
+        assert all(r["reward"] == 1.0 for r in await evaluate(env, server, 10, 1))
+    finally:
+        env.sandbox_client.teardown()
+
+
+async def test_a_sandbox_that_stalls_its_own_death_does_not_stall_the_pool(client):  # noqa: F811
+    stalling, busy = await new_box(client), await new_box(client)
+    # Its processes exit at idle priority while a neighbour keeps every core busy.
+    reply = await stalling.cell("import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nhog = bytearray(300 << 20)")
+    assert reply.status == "ok", reply
+    assert (await busy.cell(BUSY_THREADS)).status == "ok"
+    await client.delete(stalling.id)
+    for _ in range(6):
+        box = await new_box(client)
+        assert (await box.cell("print(6 * 7)")).stdout == "42\n"
+        await client.delete(box.id)
+    await client.delete(busy.id)
+    assert wait_until(lambda: not stalling.processes() and not busy.processes(), 30)
