@@ -29,7 +29,8 @@ import pytorch_env
 from ptenv import proctree, session
 from ptenv.sandbox import transports
 from ptenv.sandbox.commands import RESULT_COMMAND
-from ptenv.sandbox.local import LocalSandboxClient, SandboxUnavailableError
+from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.sandbox.protocol import Limits
 
 REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 32)
@@ -43,29 +44,21 @@ PHASES = ("create", "preload", "cell", "read-back", "grading", "delete")
 
 
 class FreshInterpreter(LocalSandboxClient):
-    """A LocalSandboxClient whose fork server serves exactly one sandbox, with no pool: creating
-    it starts bwrap + python + import torch, as a transport without a fork server must."""
+    """A LocalSandboxClient with no pool, used for exactly one sandbox: creating it starts
+    bwrap + python + import torch, as a transport without a fork server must."""
 
-    def _refill(self) -> None:
-        try:
-            self._start_zygote()
-            self._pool.put(self._spawn())
-        except Exception as e:
-            self._pool.put(SandboxUnavailableError(str(e)))
-        with self._cond:  # the fork server's bwrap dies with the thread that started it
-            while not self._closed:
-                self._cond.wait()
+    pool_size = 0
 
 
 class NaiveClient:
     """One FreshInterpreter per sandbox, behind the client interface SandboxEnv uses."""
 
-    def __init__(self, cell_timeout: float):
-        self.cell_timeout = cell_timeout
+    def __init__(self, limits: Limits):
+        self.limits = limits
         self.clients: dict[str, FreshInterpreter] = {}
 
     async def create(self, request):
-        client = FreshInterpreter(cell_timeout=self.cell_timeout)
+        client = FreshInterpreter(self.limits)
         try:
             sandbox = await client.create(request)
         except BaseException:
@@ -97,7 +90,7 @@ class NaiveClient:
 
 
 def naive() -> transports.Transport:
-    client = NaiveClient(cell_timeout=transports.CELL_TIMEOUT)
+    client = NaiveClient(Limits(cell_timeout=transports.CELL_TIMEOUT))
     return dataclasses.replace(transports.local(), client=client, delete_all=client.bulk_delete)
 
 

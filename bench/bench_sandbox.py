@@ -8,7 +8,8 @@
 - an empty cell's execute_command round trip, p50 / p99;
 - PSS per idle sandbox (sum of Pss in /proc/<pid>/smaps_rollup over the sandbox's processes);
 - how many of 64 concurrent sandboxes each answer a cell that runs a matmul, and their PSS;
-- a first optimiser step in a fresh sandbox (the fork server warmed that path up).
+- a first optimiser step in a fresh sandbox (the fork server warmed that path up);
+- CPU share: a CPU-bound cell's time alone, and while a neighbouring sandbox runs 8 busy threads.
 """
 
 import argparse
@@ -96,7 +97,8 @@ async def pss_mib(client: LocalSandboxClient, sandbox_ids: list[str]) -> tuple[l
     """PSS of each sandbox, and the most processes one had."""
     uids = [int((await client.execute_command(i, "id -u", timeout=10)).stdout) for i in sandbox_ids]
     await asyncio.sleep(0.5)
-    measured = [pss_kib(uid) for uid in uids]
+    # The model's processes and its supervisor's (whose uid is one below).
+    measured = [tuple(map(sum, zip(pss_kib(uid), pss_kib(uid - 1)))) for uid in uids]
     return [kib / 1024 for kib, _ in measured], max(count for _, count in measured)
 
 
@@ -136,6 +138,33 @@ async def optimiser_step(client: LocalSandboxClient) -> float:
     return elapsed
 
 
+CPU_WORK = exec_command(
+    "import time\nstart = time.perf_counter()\nx = 0\nfor i in range(5_000_000):\n    x += i\n"
+    "print(time.perf_counter() - start)"
+)
+BUSY_THREADS = exec_command(
+    "import threading\ndef spin():\n    while True:\n        pass\n"
+    "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
+)
+
+
+async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
+    """Median seconds of a CPU-bound cell alone, and while a neighbour spins 8 threads (which outlive their cell)."""
+    probe = await client.create(REQUEST)
+
+    async def timings() -> float:
+        replies = [parse_exec_reply((await client.execute_command(probe.id, CPU_WORK)).stdout) for _ in range(n)]
+        return statistics.median(float(r.stdout) for r in replies)
+
+    alone = await timings()
+    neighbour = await client.create(REQUEST)
+    reply = parse_exec_reply((await client.execute_command(neighbour.id, BUSY_THREADS)).stdout)
+    assert reply.status == "ok", reply
+    loaded = await timings()
+    await client.bulk_delete([probe.id, neighbour.id])
+    return alone, loaded
+
+
 async def main(quick: bool) -> None:
     n_ready, n_base, n_cells = (30, 3, 200) if quick else (100, 5, 500)
     client = LocalSandboxClient()
@@ -157,6 +186,8 @@ async def main(quick: bool) -> None:
     pss, procs = await idle_pss(client, 32)
     answered, elapsed, busy_pss = await concurrent(client, 64)
     step = await optimiser_step(client)
+    alone, loaded = await cpu_share(client, 5)
+    mode = client.cgroup_mode
     client.teardown()
 
     ratio = pct(base, 0.5) / pct(pooled, 0.5)
@@ -172,6 +203,8 @@ async def main(quick: bool) -> None:
     print(f"concurrent sandboxes answering    : {answered}/64 in {elapsed:.1f} s (create + one matmul cell each)")
     print(f"PSS per sandbox (those 64)        : mean {statistics.mean(busy_pss):.1f} MiB   max {max(busy_pss):.1f} MiB")
     print(f"first optimiser step in a sandbox : {step * 1e3:.1f} ms (Linear + Adam + backward + step)")
+    print(f"CPU-bound cell, alone / neighbour : {alone * 1e3:.0f} ms / {loaded * 1e3:.0f} ms with 8 busy threads next door"
+          f" = {loaded / alone:.2f}x (target <= 1.5x; {mode})")
 
 
 if __name__ == "__main__":

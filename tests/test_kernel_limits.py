@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from ptenv.sandbox import cgroups, seccomp
+from ptenv.sandbox.commands import ResultError
 from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.sandbox.protocol import Limits
 from sandbox_util import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401
@@ -125,3 +126,45 @@ async def test_seccomp_denies_the_unprivileged_kernel_surface(box):
     reply = await box.cell("import threading, subprocess\nt = threading.Thread(target=print, args=('thread',))\nt.start(); t.join()\nprint(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout, end='')")
     assert reply.stdout == "thread\nchild\n", reply
     await only_the_sandbox_runs(box)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+class HighestRss(threading.Thread):
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.highest, self.done = rss_mb(), threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.005):
+            self.highest = max(self.highest, rss_mb())
+
+
+READ_BACK_BOUND = 6  # the host's peak RSS growth per read-back, in multiples of the result's size
+
+
+async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
+    await box.cell("result = torch.ones(16 << 20)")  # 64 MiB, the largest result there may be
+    for _ in range(2):  # and nothing stays behind: the second costs the same
+        before = rss_mb()
+        watch = HighestRss()
+        watch.start()
+        answer = await box.result()
+        watch.done.set()
+        watch.join()
+        assert answer.shape == (16 << 20,)
+        del answer
+        assert watch.highest - before <= READ_BACK_BOUND * 64, (before, watch.highest)
+    # An invalid reply is rebuilt small in the sandbox, whatever the model made of it.
+    await box.cell("result = type('\"' * 42_000_000, (), {})()")
+    before = rss_mb()
+    watch = HighestRss()
+    watch.start()
+    with pytest.raises(ResultError, match="not a torch.Tensor"):
+        await box.result()
+    watch.done.set()
+    watch.join()
+    assert watch.highest - before <= 16, (before, watch.highest)

@@ -233,7 +233,7 @@ class LocalSandboxClient:
         request = {"command": command, "cwd": working_dir, "timeout": timeout}
         reply = await self._roundtrip(box, request, timeout + self.limits.grace + HOST_MARGIN)
         if reply.get("timed_out") is True:
-            raise CommandTimeoutError(sandbox_id, short(command), timeout)
+            raise CommandTimeoutError(sandbox_id, one_line(command, 80), timeout)
         if "error" in reply:  # the supervisor could not serve the command: the harness failed
             self._stop(box, one_line(reply["error"]))
         else:
@@ -298,7 +298,7 @@ class LocalSandboxClient:
                     frame = await recv_frame_async(loop, box.sock)
             except TimeoutError:
                 self._stop(box, f"it did not answer within {wait:g} s")
-                raise CommandTimeoutError(box.id, short(request["command"]), request["timeout"]) from None
+                raise CommandTimeoutError(box.id, one_line(request["command"], 80), request["timeout"]) from None
             except (OSError, ValueError) as e:
                 self._stop(box, f"its channel failed ({one_line(e)})")
                 raise not_running(box) from None
@@ -521,8 +521,3 @@ class LocalSandboxClient:
 
 def not_running(box: _Box) -> SandboxNotRunningError:
     return SandboxNotRunningError(box.id, message=f"sandbox {box.id} is not running: {box.dead}")
-
-
-def short(command: str) -> str:
-    return command if len(command) <= 80 else command[:77] + "..."
-

@@ -122,6 +122,15 @@ async def _recv_exact_async(loop: asyncio.AbstractEventLoop, sock: socket.socket
     return buf
 
 
+def cut_middle(text: str, limit: int) -> str:
+    """A long text's start and end: a traceback's first frames and where the exception's line
+    starts, and what it ended with."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 48) // 2  # room for the notice: the result is never longer than `limit`
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
 def one_line(text: object, limit: int = 300) -> str:
     """Any message as one line of at most `limit` characters."""
     text = " ".join(str(text).split())

@@ -17,7 +17,7 @@ import torch
 
 from ptenv import codec
 from ptenv.sandbox.children import exited_children
-from ptenv.sandbox.protocol import recv_frame, send_frame
+from ptenv.sandbox.protocol import cut_middle, recv_frame, send_frame
 from ptenv.session_ns import new_namespace
 
 
@@ -114,9 +114,7 @@ class Session:
         except CellTimeout:
             status = "timeout"
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: the session goes on
-            status, tb = "error", format_error(e)
-            if len(tb) > self.traceback_cap:  # the end of a traceback says what went wrong
-                tb = "...\n" + tb[-self.traceback_cap:]
+            status, tb = "error", cut_middle(format_error(e), self.traceback_cap)
         flush_stdio()
         # Between cells the supervisor kills whatever the cell left running; we reap those.
         signal.signal(signal.SIGCHLD, reap_children)

@@ -25,7 +25,7 @@ import time
 from ptenv.sandbox import cgroups
 from ptenv.sandbox.children import exited_children
 from ptenv.sandbox.isolation import SCRATCH, become_model, close_fds_except
-from ptenv.sandbox.protocol import MAX_RESULT_REPLY, Limits, one_line, recv_frame, send_frame
+from ptenv.sandbox.protocol import MAX_RESULT_REPLY, Limits, cut_middle, one_line, recv_frame, send_frame
 from ptenv.sandbox.session_process import Session
 from ptenv.sandbox.syscalls import PR_SET_DUMPABLE, check, libc
 
@@ -123,7 +123,7 @@ def cell_status(frame, tb_cap: int) -> tuple[str | None, str]:
         return None, ""
     if status not in ("ok", "error", "timeout") or not isinstance(tb, str):
         return None, ""
-    return status, (tb if len(tb) <= tb_cap else "...\n" + tb[-tb_cap:])
+    return status, cut_middle(tb, tb_cap)
 
 
 def result_doc(frame) -> dict:

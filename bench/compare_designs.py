@@ -1,0 +1,100 @@
+"""This checkout's sandbox against another checkout's, side by side in one run.
+
+    git worktree add /tmp/before <commit>            # the design to compare against
+    .venv/bin/python bench/compare_designs.py /tmp/before
+
+Each design is measured in its own process (PYTHONPATH points at its checkout), in alternating
+rounds so that the machine's noise falls on both alike:
+- ready p50: create -> first empty cell answered, with the pool refilled between sandboxes;
+- rollout p50: one whole rollout through Environment.evaluate at concurrency 1 with the scripted
+  `reference` policy on 127.0.0.1 (two model calls, preload, one cell, read-back, grading, delete):
+  the environment's cost per rollout plus two local HTTP round trips.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROUNDS = 3
+
+
+async def ready_p50(n: int) -> float:
+    from prime_sandboxes import CreateSandboxRequest
+
+    from ptenv.sandbox.commands import exec_command
+    from ptenv.sandbox.local import LocalSandboxClient
+
+    client = LocalSandboxClient()
+    request = CreateSandboxRequest(name="bench", docker_image="local")
+    times = []
+    for i in range(n + 1):
+        await asyncio.sleep(0.1)  # the pool refills in the background
+        start = time.perf_counter()
+        sandbox = await client.create(request)
+        await client.execute_command(sandbox.id, exec_command(""))
+        if i:  # the first one starts the fork server
+            times.append(time.perf_counter() - start)
+        await client.delete(sandbox.id)
+    client.teardown()
+    return statistics.median(times)
+
+
+async def rollout_p50(n: int) -> float:
+    import verifiers as vf
+
+    import pytorch_env
+    from ptenv.policy_server import serve_in_thread
+
+    url, stop = serve_in_thread()
+    os.environ.setdefault("COMPARE_API_KEY", "unused")
+    client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="COMPARE_API_KEY", api_base_url=url)
+    env = pytorch_env.load_environment()
+    times = []
+    try:
+        for i in range(n + 1):
+            start = time.perf_counter()
+            out = await env.evaluate(client=client, model="reference", num_examples=1, max_concurrent=1,
+                                     on_progress=lambda *a: None)
+            assert out["outputs"][0]["reward"] == 1.0, out["outputs"][0]
+            if i:
+                times.append(time.perf_counter() - start)
+    finally:
+        env.sandbox_client.teardown()
+        stop()
+    return statistics.median(times)
+
+
+def measure(checkout: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, __file__, "--measure"], cwd=checkout, env=env,
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main(other: Path) -> None:
+    runs = {"this": [], "other": []}
+    for _ in range(ROUNDS):
+        for name, checkout in (("other", other), ("this", REPO)):
+            runs[name].append(measure(checkout))
+    print(f"this: {REPO}\nother: {other}\n{ROUNDS} alternating rounds, median of the rounds' p50s\n")
+    print(f"{'':<14}{'this':>10}{'other':>10}{'this/other':>12}")
+    for key in ("ready", "rollout"):
+        this = statistics.median(r[key] for r in runs["this"]) * 1e3
+        that = statistics.median(r[key] for r in runs["other"]) * 1e3
+        print(f"{key + ' p50':<14}{this:8.1f}ms{that:8.1f}ms{this / that:11.2f}x")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--measure"]:
+        print(json.dumps({"ready": asyncio.run(ready_p50(40)), "rollout": asyncio.run(rollout_p50(20))}))
+    else:
+        parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+        parser.add_argument("other", type=Path, help="a checkout of the design to compare against")
+        main(parser.parse_args().other)
