@@ -38,29 +38,35 @@ def mem_available_mb() -> int:
         return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
 
 
-class LowestFreeMemory(threading.Thread):
-    """Samples the host's available memory until stopped; `lowest` is the least it saw."""
+class Sampler(threading.Thread):
+    """Samples `read()` every few ms while a `with` block runs; keeps the lowest and highest seen."""
 
-    def __init__(self):
+    def __init__(self, read):
         super().__init__(daemon=True)
-        self.lowest, self.done = mem_available_mb(), threading.Event()
+        self.read, self.done = read, threading.Event()
+        self.lowest = self.highest = read()
 
     def run(self):
-        while not self.done.wait(0.02):
-            self.lowest = min(self.lowest, mem_available_mb())
+        while not self.done.wait(0.005):
+            value = self.read()
+            self.lowest, self.highest = min(self.lowest, value), max(self.highest, value)
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join()
 
 
 @pytest.mark.parametrize("hog", [MEMFD_HOG, SHM_HOG], ids=["memfd", "sysv shm"])
 async def test_shared_memory_is_stopped_at_the_sandbox_limit(client, box, hog):
     assert client.cgroup_mode.startswith("cgroup v1"), client.cgroup_mode
-    before = mem_available_mb()
-    watch = LowestFreeMemory()
-    watch.start()
-    reply = await box.cell(hog)
-    watch.done.set()
-    watch.join()
+    with Sampler(mem_available_mb) as free:
+        reply = await box.cell(hog)
     # 3 GiB asked for; the host gives no more than the sandbox's limit (and a little noise).
-    assert before - watch.lowest <= SANDBOX_MB + 128, (before, watch.lowest)
+    assert free.highest - free.lowest <= SANDBOX_MB + 128, (free.highest, free.lowest)
     assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
 
 
@@ -133,38 +139,19 @@ def rss_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
-class HighestRss(threading.Thread):
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.highest, self.done = rss_mb(), threading.Event()
-
-    def run(self):
-        while not self.done.wait(0.005):
-            self.highest = max(self.highest, rss_mb())
-
-
 READ_BACK_BOUND = 6  # the host's peak RSS growth per read-back, in multiples of the result's size
 
 
 async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
     await box.cell("result = torch.ones(16 << 20)")  # 64 MiB, the largest result there may be
     for _ in range(2):  # and nothing stays behind: the second costs the same
-        before = rss_mb()
-        watch = HighestRss()
-        watch.start()
-        answer = await box.result()
-        watch.done.set()
-        watch.join()
+        with Sampler(rss_mb) as rss:
+            answer = await box.result()
         assert answer.shape == (16 << 20,)
         del answer
-        assert watch.highest - before <= READ_BACK_BOUND * 64, (before, watch.highest)
+        assert rss.highest - rss.lowest <= READ_BACK_BOUND * 64, (rss.lowest, rss.highest)
     # An invalid reply is rebuilt small in the sandbox, whatever the model made of it.
     await box.cell("result = type('\"' * 42_000_000, (), {})()")
-    before = rss_mb()
-    watch = HighestRss()
-    watch.start()
-    with pytest.raises(ResultError, match="not a torch.Tensor"):
+    with Sampler(rss_mb) as rss, pytest.raises(ResultError, match="not a torch.Tensor"):
         await box.result()
-    watch.done.set()
-    watch.join()
-    assert watch.highest - before <= 16, (before, watch.highest)
+    assert rss.highest - rss.lowest <= 16, (rss.lowest, rss.highest)
