@@ -26,17 +26,25 @@ def server():
 
 
 def fork_servers() -> list[int]:
-    """This test's fork servers (not those of other runs on the machine)."""
-    found = []
-    for pid in proctree.tree([os.getpid()]):
+    """This test's fork servers (not those of other runs on the machine): the worker processes
+    whose parent is bwrap, not the supervisors and sessions they fork."""
+
+    def is_worker(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read()
         except OSError:
-            continue
-        if b"ptenv.sandbox.worker\0zygote" in args and not args.startswith(b"/usr/bin/bwrap"):
-            found.append(pid)
-    return found
+            return False
+        return b"ptenv.sandbox.worker\0zygote" in args and os.path.basename(args.split(b"\0")[0]) != b"bwrap"
+
+    def parent(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return 0
+
+    return [pid for pid in proctree.tree([os.getpid()]) if is_worker(pid) and not is_worker(parent(pid))]
 
 
 async def evaluate(env, url: str, n: int, rollouts: int) -> list[dict]:
@@ -82,3 +90,16 @@ async def test_a_sandbox_that_stalls_its_own_death_does_not_stall_the_pool(clien
         await client.delete(box.id)
     await client.delete(busy.id)
     assert wait_until(lambda: not stalling.processes() and not busy.processes(), 30)
+
+
+@pytest.mark.timeout(180)
+async def test_a_fork_server_that_stops_answering_is_replaced(client):  # noqa: F811
+    await new_box(client)  # the fork server runs and the pool is full
+    (stopped,) = fork_servers()
+    os.kill(stopped, signal.SIGSTOP)
+    # The idle sandboxes still answer; past them, creates wait out the control timeout and get a sandbox
+    # from a new fork server (and the stopped one is killed, with every sandbox it made).
+    boxes = [await new_box(client) for _ in range(client.pool_size + 2)]
+    assert fork_servers() not in ([], [stopped])
+    assert (await boxes[-1].cell("print(6 * 7)")).stdout == "42\n"
+    assert wait_until(lambda: not boxes[0].processes())
