@@ -74,7 +74,8 @@ def compare_text(a: Run, b: Run, table) -> str:
 
 def compare_markdown(a: Run, b: Run, table) -> str:
     lines = "\n".join(f"- {line}" for line in compare_lines(a, b))
-    return "\n\n".join(["# pytorch-env comparison", lines, _markdown(table)]) + "\n"
+    heading = "## pass@1 and mean reward per category and tier"
+    return "\n\n".join(["# pytorch-env comparison", lines, heading, _markdown(table)]) + "\n"
 
 
 def compare_csv(table) -> str:
