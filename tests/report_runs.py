@@ -6,14 +6,18 @@ failure reason. Behaviours go to prompts in the order the server first sees them
 prompts concurrently), so which task gets which behaviour varies, but the totals of a run do not.
 """
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ptenv import policy_server
+from ptenv.report.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 VF_EVAL_TIMEOUT = 280
@@ -163,3 +167,21 @@ def png_size(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     assert data[12:16] == b"IHDR", "the first chunk is not IHDR"
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def report(*args) -> Done:
+    """`python -m ptenv.report ARGS`, its main called in this process (saves a torch import per call)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+    return Done(code, out.getvalue(), err.getvalue())

@@ -3,26 +3,22 @@ every failure reason and a `reference` run, both against the scripted policy ser
 are checked against the recorded rollouts read here directly, and against verifiers' own pass@k.
 The verifiers 0.4 side is tests/test_report_v1.py."""
 
-import contextlib
-import io
 import itertools
 import json
 import shutil
 import subprocess
 import sys
 import zlib
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 import torch
 
-from ptenv.report.__main__ import main
 from ptenv.report.stats import pass_at_k
 from ptenv.tasks import CATEGORIES
 from report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
-                         outcomes, png_size, policy_server)
+                         outcomes, png_size, policy_server, report)
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 # The same 8 tasks in both runs, from several categories.
@@ -44,24 +40,6 @@ def runs(tmp_path_factory):
     return out / "mixed", out / "reference"
 
 
-@dataclass
-class Done:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def report(*args) -> Done:
-    """The CLI's main in this process (the first test runs `python -m ptenv.report` itself)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as e:  # argparse
-            code = e.code
-    return Done(code, out.getvalue(), err.getvalue())
-
-
 def results_of(run_dir: Path) -> Path:
     (results,) = run_dir.glob("evals/*/*/results.jsonl")
     return results
@@ -77,7 +55,7 @@ def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
 
 
 def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
-    mixed, _ = runs
+    mixed, _ = runs  # `python -m ptenv.report` itself here; the other tests call its main in process
     done = subprocess.run([sys.executable, "-m", "ptenv.report", str(mixed), "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr
