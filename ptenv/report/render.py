@@ -97,8 +97,17 @@ def compare_lines(a: Run, b: Run) -> list[str]:
     lines = [f"{name}: {run.path} ({run.line}, model {run.model}, {len(run.rollouts)} rollouts; "
              f"versions: {versions_text(run)})" for name, run in (("A", a), ("B", b))]
     if a.versions != b.versions:
-        lines.append(f"versions differ: {versions_text(a)} (A) vs {versions_text(b)} (B)")
+        lines.append(f"versions differ: {versions_diff(a, b)}")
     return lines
+
+
+def versions_diff(a: Run, b: Run) -> str:
+    """What differs: each component whose version differs, when each run has one stamp."""
+    if len(a.versions) != 1 or len(b.versions) != 1:
+        return f"{versions_text(a)} (A) vs {versions_text(b)} (B)"
+    stamp_a, stamp_b = dict(a.versions[0]), dict(b.versions[0])
+    return "; ".join(f"{name} {stamp_a.get(name, 'not recorded')} (A) vs {stamp_b.get(name, 'not recorded')} (B)"
+                     for name in sorted(stamp_a.keys() | stamp_b.keys()) if stamp_a.get(name) != stamp_b.get(name))
 
 
 def versions_text(run: Run) -> str:

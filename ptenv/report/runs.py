@@ -75,8 +75,10 @@ def load_run(path: Path) -> Run:
         except ValueError as e:
             raise RunError(f"{where}: not a {ENV_ID} rollout: {e}") from None
         guessed += was_guessed
+        versions = record["versions"]
+        stamp = tuple(sorted(versions.items())) if isinstance(versions, dict) else ()
         rollouts.append(Rollout(task["task_id"], task["category"], task.get("tier", DEFAULT_TIER),
-                                record["reward"], reason, tuple(sorted(record["versions"].items()))))
+                                record["reward"], reason, stamp))
     _check_complete(results, rollouts, prompts, per_prompt)
     return Run(results, line, model, rollouts, guessed)
 
@@ -127,7 +129,7 @@ def _read_classic(path: Path):
         task = _task(info, where)
         record = {"reward": _number(row["reward"], where), "metrics": row.get("metrics") or {},
                   "verdict": row.get("verdict"), "scoring_error": row.get("scoring_error"),
-                  "versions": info.get("versions") or {}}
+                  "versions": info.get("versions")}
         records.append((where, task, record))
     shape = metadata.get("num_examples"), metadata.get("rollouts_per_example")
     return "classic", metadata.get("model", "?"), shape, records
@@ -147,7 +149,7 @@ def _read_v1(path: Path):
             score = ((trace.get("rewards") or {}).get("correctness") or {}).get("score")
             record = {"reward": 0.0 if score is None else _number(score, where), "metrics": trace.get("metrics") or {},
                       "verdict": info.get("verdict"), "scoring_error": info.get("scoring_error"),
-                      "failed": not trace.get("ok", False), "versions": info.get("versions") or {}}
+                      "failed": not trace.get("ok", False), "versions": info.get("versions")}
             records.append((where, task, record))
     # How many tasks a selection keeps is not recorded; rollouts per task are.
     return "v1", config.get("model", "?"), (None, config.get("num_rollouts")), records
