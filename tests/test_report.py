@@ -102,6 +102,8 @@ def test_per_task_rows_with_the_flag(runs, tmp_path):
     assert all(row["rollouts"] == "2" and row["task"].startswith(row["category"] + "/") for row in per_task[:-1])
     assert sum(int(row["pass"]) for row in tables["Failure reasons per task (rollouts)"][:-1]) == \
         expected_reasons(8, 2)["pass"]
+    csv_rows = [line.split(",") for line in (tmp_path / "report.csv").read_text().splitlines()[1:]]
+    assert [row[0] for row in csv_rows].count("all") == 1 and sum(row[2] != "" for row in csv_rows) == 8
 
 
 def test_the_plot_is_a_png_of_the_expected_size(runs, tmp_path):

@@ -61,8 +61,8 @@ def report_markdown(run: Run, groups: list[Stats], tasks: list[Stats] | None) ->
 
 
 def report_csv(groups: list[Stats], tasks: list[Stats] | None) -> str:
-    """One row per category and tier (and per task), task empty on group rows."""
-    stats = [*groups, *(tasks or [])]
+    """One row per category and tier, the whole run, then one per task: task empty on the first two."""
+    stats = [*groups, *(tasks or [])[:-1]]  # the per-task list ends with the whole run again
     headers, rows = results_table(stats, 3)
     reason_headers, reason_rows = reasons_table(stats, 3)
     return _csv((headers + reason_headers[3:], [row + more[3:] for row, more in zip(rows, reason_rows)]))
