@@ -1,5 +1,5 @@
-"""The report's picture: pass@1 per category, a bar per tier (per run and tier when comparing),
-with a red cross and count over every bar whose rollouts had harness errors."""
+"""The report's picture: pass@1 per category, a labelled bar per tier (per run and tier when
+comparing), with a red cross and count over every bar whose rollouts had harness errors."""
 
 import io
 
@@ -21,19 +21,20 @@ def plot_png(series: dict[str, list[Stats]], title: str) -> bytes:
     for i, (label, stats) in enumerate(series.items()):
         offset = (i - (len(series) - 1) / 2) * width
         xs = [categories.index(s.key[0]) + offset for s in stats]
-        ax.bar(xs, [s.pass_at[0] for s in stats], width, label=label)
+        bars = ax.bar(xs, [s.pass_at[0] for s in stats], width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)  # a 0.00 bar is otherwise no bar at all
         marked = [(x, s) for x, s in zip(xs, stats) if s.harness_errors]
         if marked:
-            ax.scatter([x for x, _ in marked], [s.pass_at[0] + 0.05 for _, s in marked], marker="x", color="red",
+            ax.scatter([x for x, _ in marked], [s.pass_at[0] + 0.1 for _, s in marked], marker="x", color="red",
                        label=None if errors_labelled else "harness errors (count)")
             errors_labelled = True
         for x, s in marked:
-            ax.annotate(str(s.harness_errors), (x, s.pass_at[0] + 0.08), ha="center", color="red", fontsize=8)
+            ax.annotate(str(s.harness_errors), (x, s.pass_at[0] + 0.13), ha="center", color="red", fontsize=8)
     ax.set_xticks(range(len(categories)), categories)
     ax.set_ylim(0, 1.2)
     ax.set_ylabel("pass@1")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")  # where it hides the fewest bars
     fig.tight_layout()  # rearranges inside the figure; the size stays SIZE
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=DPI)
