@@ -10,6 +10,7 @@ from ptenv import session
 from ptenv.prompts import SYSTEM_PROMPT
 from ptenv.sandbox import transports
 from ptenv.source import DEFAULT_DATASET, load_tasks
+from ptenv.versions import versions
 
 
 class PyTorchEnv(SandboxEnv):
@@ -106,8 +107,10 @@ def load_environment(
     **kwargs,
 ) -> vf.Environment:
     tasks = load_tasks(dataset_name, split)
+    stamp = versions()
     dataset = Dataset.from_list(
-        [{"question": t.question, "info": json.dumps({"task_id": t.task_id, "category": t.category})} for t in tasks]
+        [{"question": t.question, "info": json.dumps({"task_id": t.task_id, "category": t.category, "versions": stamp})}
+         for t in tasks]
     )
     diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
     rubric = vf.Rubric(

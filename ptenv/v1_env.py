@@ -24,6 +24,7 @@ from ptenv.sandbox import transports
 from ptenv.source import DEFAULT_DATASET, load_tasks
 from ptenv.v1_relay import SandboxRelay
 from ptenv.v1_tools import PyTorchState, PyTorchTools, PyTorchToolsConfig
+from ptenv.versions import versions
 
 __all__ = ["PyTorchTaskset", "PyTorchHarness", "PyTorchV1Env"]
 
@@ -80,6 +81,7 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
         return parse_row({"question": self.data.prompt, "info": self.data.info}, f"task {self.data.id}")
 
     async def setup(self, trace: vf.Trace, runtime) -> None:
+        trace.info["versions"] = versions()  # trace.info, not the task's: parse_row takes exactly the dataset's keys
         if not isinstance(trace.agent.config.harness, PyTorchHarnessConfig):
             raise ValueError(
                 f"pytorch-env runs with its own harness (got {trace.agent.config.harness.id!r}): it keeps the "

@@ -5,7 +5,8 @@ through the real `vf-eval` CLI against the local sandbox.
     null       every rollout 0.0, no scoring_error   (doing nothing earns nothing)
     reference  again with -r 3 -c 16                 (the same under concurrency)
 
-After each run no sandbox process may be left. Exits non-zero if anything differs.
+After each run no sandbox process may be left. Exits non-zero if anything differs. Each run's
+report (python -m ptenv.report) is printed under its line.
 """
 
 import json
@@ -13,10 +14,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import uuid
 from pathlib import Path
 
 from ptenv.policy_server import serve_in_thread
+from ptenv.report.render import report_text
+from ptenv.report.runs import RunError, load_run
+from ptenv.report.stats import group
 
 RUNS = [
     ("reference", 1.0, ["-n", "45", "-r", "1"]),
@@ -36,7 +41,7 @@ def eval_command(url: str, policy: str, args: list[str], out: Path) -> tuple[lis
     return command, {**os.environ, "SELFCHECK_API_KEY": "unused", name: value}
 
 
-def run_eval(url: str, policy: str, args: list[str], out: Path) -> list[dict]:
+def run_eval(url: str, policy: str, args: list[str], out: Path) -> tuple[Path, list[dict]]:
     command, env = eval_command(url, policy, args, out)
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -45,7 +50,7 @@ def run_eval(url: str, policy: str, args: list[str], out: Path) -> list[dict]:
     results = sorted(out.glob("evals/*/*/results.jsonl"))
     if len(results) != 1:
         sys.exit(f"expected one results.jsonl under {out}, found {len(results)}")
-    return [json.loads(line) for line in results[0].read_text().splitlines()]
+    return results[0], [json.loads(line) for line in results[0].read_text().splitlines()]
 
 
 def leftover_sandboxes() -> list[str]:
@@ -80,16 +85,23 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
             for i, (policy, want, args) in enumerate(RUNS):
-                rows = run_eval(url, policy, args, Path(tmp) / str(i))
+                results, rows = run_eval(url, policy, args, Path(tmp) / str(i))
                 expected_rows = int(args[args.index("-n") + 1]) * int(args[args.index("-r") + 1])
                 problems = check(policy, want, rows, expected_rows) + [
                     f"left running: {p}" for p in leftover_sandboxes()
                 ]
+                try:
+                    run = load_run(results)
+                    report = report_text(run, group(run.rollouts), None)
+                except RunError as e:
+                    report = ""
+                    problems.append(f"report: {e}")
                 hits = sum(r["reward"] == 1.0 for r in rows)
                 errors = sum(r.get("scoring_error") is not None for r in rows)
                 verdict = "FAIL: " + "; ".join(problems) if problems else "ok"
                 print(f"{policy:<9} {' '.join(args):<20} {hits}/{len(rows)} at 1.0, "
                       f"{errors} scoring_error -> {verdict}", flush=True)
+                print(textwrap.indent(report, "    "), flush=True)
                 failed |= bool(problems)
     finally:
         stop()

@@ -84,7 +84,7 @@ def test_hostile_policy_scores_zero_and_leaves_the_host_healthy(tmp_path):
     assert EXPECTED.keys() == TRICKS.keys()
     url, stop = serve_in_thread()
     try:
-        rows = selfcheck.run_eval(url, "hostile", ["-n", "45", "-r", "1", "-c", "45"], tmp_path)
+        _, rows = selfcheck.run_eval(url, "hostile", ["-n", "45", "-r", "1", "-c", "45"], tmp_path)
         with urllib.request.urlopen(url + "/models", timeout=10) as response:  # the host still answers
             assert "hostile" in {m["id"] for m in json.load(response)["data"]}
     finally:

@@ -1,5 +1,6 @@
 """The main job, as an automated test: scripts/selfcheck.py drives the real vf-eval CLI with the
-scripted policies (reference 45/45, null 0/45, reference -r 3 -c 16), with nothing left running."""
+scripted policies (reference 45/45, null 0/45, reference -r 3 -c 16), with nothing left running,
+and prints each run's report."""
 
 import os
 import subprocess
@@ -25,6 +26,13 @@ def test_selfcheck_passes_through_the_real_vf_eval():
     assert any(line.startswith("null ") and "0/45 at 1.0, 0 scoring_error -> ok" in line for line in lines)
     assert any("-r 3 -c 16" in line and "135/135 at 1.0, 0 scoring_error -> ok" in line for line in lines)
     assert lines[-1] == "self-check passed"
+    # Each run's report, under its line: the whole run's row of the results and of the failure reasons.
+    rows = [line.split() for line in lines if line.startswith("    all ")]
+    assert rows == [
+        ["all", "45", "1.000", "1.000", "0", "1.000"], ["all", "45", "0", "0", "0", "0", "0", "0"],
+        ["all", "45", "0.000", "0.000", "0", "1.000"], ["all", "0", "45", "0", "0", "0", "0", "0"],
+        ["all", "135", "1.000", "1.000", "1.000", "1.000", "0", "1.000"], ["all", "135", "0", "0", "0", "0", "0", "0"],
+    ]
 
 
 def test_leftover_check_sees_a_process_of_this_run():

@@ -1,0 +1,45 @@
+"""Why a rollout failed, told from what its run recorded.
+
+The verdict's reason (`state["verdict"]`, recorded on v1 always and on classic with
+`vf-eval -C scoring_error,verdict`) names the failure. Without it the 0-weight metrics that every
+run records tell all reasons apart but one: a result with neither the right shape nor the right
+dtype may also be an invalid answer (not a plain tensor); such rollouts count as invalid answers
+and are reported as guessed.
+"""
+
+REASONS = ("no result", "shape", "dtype", "values", "invalid answer", "harness error")
+DIAGNOSTICS = ("result_present", "shape_match", "dtype_match")
+
+
+def classify(record: dict) -> tuple[str, bool]:
+    """("pass" or one of REASONS, whether it was guessed); ValueError if the record cannot tell."""
+    metrics = record["metrics"]
+    if record["scoring_error"] or metrics.get("harness_error") == 1.0 or record.get("failed"):
+        return "harness error", False
+    if record["reward"] == 1.0:
+        return "pass", False
+    verdict = record["verdict"]
+    if isinstance(verdict, dict) and isinstance(verdict.get("reason"), str):
+        return from_reason(verdict["reason"]), False
+    if any(metrics.get(key) not in (0.0, 1.0) for key in DIAGNOSTICS):
+        raise ValueError(f"neither a verdict nor the {', '.join(DIAGNOSTICS)} metrics are recorded")
+    present, shape, dtype = (metrics[key] == 1.0 for key in DIAGNOSTICS)
+    if not present:
+        return "no result", False
+    if shape and dtype:
+        return "values", False
+    if shape != dtype:
+        return ("dtype" if shape else "shape"), False
+    return "invalid answer", True
+
+
+def from_reason(reason: str) -> str:
+    """The failure a grader reason (ptenv.grader, ptenv.session) names; the grader puts shape before dtype."""
+    if reason == "no result":
+        return "no result"
+    if reason == "not graded":
+        return "harness error"
+    for prefix, failure in (("shape ", "shape"), ("dtype ", "dtype"), ("values:", "values")):
+        if reason.startswith(prefix):
+            return failure
+    return "invalid answer"

@@ -1,0 +1,193 @@
+"""python -m ptenv.report on real runs of the classic (0.3.1) vf-eval: a `mixed` run that shows
+every failure reason and a `reference` run, both against the scripted policy server. Its numbers
+are checked against the recorded rollouts read here directly, and against verifiers' own pass@k.
+The verifiers 0.4 side is tests/test_report_v1.py."""
+
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+import zlib
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptenv.report.stats import pass_at_k
+from ptenv.tasks import CATEGORIES
+from report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
+                         outcomes, png_size, policy_server, report)
+
+VF_EVAL = Path(sys.executable).with_name("vf-eval")
+# The same 8 tasks in both runs, from several categories.
+TASKS = ["-n", "8", "--shuffle", "--shuffle-seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(mixed run with the verdict recorded, reference run recorded as the README says): their output dirs."""
+    out = tmp_path_factory.mktemp("runs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(policy_server.POLICIES, "mixed", mixed_policy())
+        url, stop = policy_server.serve_in_thread()
+        try:
+            classic_eval(VF_EVAL, url, "mixed", out / "mixed", *TASKS, "-r", "2", "-C", "scoring_error,verdict")
+            classic_eval(VF_EVAL, url, "reference", out / "reference", *TASKS, "-r", "1", "-C", "scoring_error")
+        finally:
+            stop()
+    return out / "mixed", out / "reference"
+
+
+def results_of(run_dir: Path) -> Path:
+    (results,) = run_dir.glob("evals/*/*/results.jsonl")
+    return results
+
+
+def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(samples, k))
+                assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
+
+
+def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
+    mixed, _ = runs  # `python -m ptenv.report` itself here; the other tests call its main in process
+    done = subprocess.run([sys.executable, "-m", "ptenv.report", str(mixed), "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+    expected = expected_rows(outcomes(results_of(mixed)))
+    assert len(expected) > 2  # several categories, and "all"
+    tables = markdown_tables((tmp_path / "report.md").read_text())
+    rows = {row["category"]: row for row in tables["Results"]}
+    assert rows.keys() == expected.keys()
+    for category, numbers in expected.items():
+        assert rows[category]["tier"] == ("" if category == "all" else "basic")
+        for column, value in numbers.items():
+            assert rows[category][column] == (f"{value:.3f}" if isinstance(value, float) else str(value)), column
+
+    reasons = {row["category"]: row for row in tables["Failure reasons (rollouts)"]}
+    assert {k: int(v) for k, v in reasons["all"].items() if k not in ("category", "tier") and v != "0"} \
+        == expected_reasons(8, 2)
+    for category, numbers in expected.items():
+        counts = [int(v) for k, v in reasons[category].items() if k not in ("category", "tier")]
+        assert sum(counts) == numbers["rollouts"]
+        assert int(reasons[category]["harness error"]) == numbers["harness errors"]
+
+    # The whole run's pass@k as verifiers itself computed it (k = 1, 2), to CSV's 6 digits.
+    verifiers_pass_at = json.loads(results_of(mixed).with_name("metadata.json").read_text())["pass_at_k"]
+    csv_rows = [line.split(",") for line in (tmp_path / "report.csv").read_text().splitlines()]
+    everything = dict(zip(csv_rows[0], csv_rows[-1]))
+    assert everything["category"] == "all"
+    for k, value in verifiers_pass_at.items():
+        assert float(everything[f"pass@{k}"]) == pytest.approx(value, abs=1e-6)
+
+    versions = f"pytorch-env {metadata.version('pytorch-env')}, torch {torch.__version__}, verifiers 0.3.1"
+    assert f"versions: {versions}" in done.stdout.splitlines()
+    assert f"- versions: {versions}" in (tmp_path / "report.md").read_text()
+    assert done.stdout.splitlines()[-1] == f"wrote report.md, report.csv, report.png to {tmp_path}"
+
+
+def test_per_task_rows_with_the_flag(runs, tmp_path):
+    mixed, _ = runs
+    assert report(mixed, "--tasks", "--out", tmp_path).returncode == 0
+    tables = markdown_tables((tmp_path / "report.md").read_text())
+    per_task = tables["Results per task"]
+    assert {row["task"] for row in per_task[:-1]} == {r["task"] for r in outcomes(results_of(mixed))}
+    assert per_task[-1]["category"] == "all" and per_task[-1]["rollouts"] == "16"
+    assert all(row["rollouts"] == "2" and row["task"].startswith(row["category"] + "/") for row in per_task[:-1])
+    assert sum(int(row["pass"]) for row in tables["Failure reasons per task (rollouts)"][:-1]) == \
+        expected_reasons(8, 2)["pass"]
+    csv_rows = [line.split(",") for line in (tmp_path / "report.csv").read_text().splitlines()[1:]]
+    assert [row[0] for row in csv_rows].count("all") == 1 and sum(row[2] != "" for row in csv_rows) == 8
+
+
+def test_the_plot_is_a_png_of_the_expected_size(runs, tmp_path):
+    mixed, _ = runs
+    assert report(mixed, "--out", tmp_path).returncode == 0
+    data = (tmp_path / "report.png").read_bytes()
+    assert png_size(data) == (800, 450)
+    assert zlib.crc32(data[12:29]) == int.from_bytes(data[29:33], "big")  # IHDR's CRC
+    assert data[-8:-4] == b"IEND"
+
+
+def test_compare_puts_two_runs_side_by_side_with_deltas(runs, tmp_path):
+    mixed, reference = runs
+    done = report("--compare", mixed, reference, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "versions differ" not in done.stdout
+    expected = expected_rows(outcomes(results_of(mixed)))
+    table = markdown_tables((tmp_path / "compare.md").read_text())["pass@1 and mean reward per category and tier"]
+    assert [row["category"] for row in table] == [c for c in CATEGORIES if c in expected] + ["all"]
+    for row in table:
+        a = expected[row["category"]]
+        assert (row["rollouts A"], row["rollouts B"]) == (str(a["rollouts"]), str(a["rollouts"] // 2))
+        assert (row["pass@1 A"], row["pass@1 B"]) == (f"{a['pass@1']:.3f}", "1.000")
+        assert row["pass@1 delta"] == f"{1.0 - a['pass@1']:.3f}"
+        assert (row["harness errors A"], row["harness errors B"]) == (str(a["harness errors"]), "0")
+    assert png_size((tmp_path / "compare.png").read_bytes()) == (800, 450)
+
+
+def test_without_a_recorded_verdict_the_reasons_come_from_the_metrics(runs, tmp_path):
+    mixed, _ = runs
+    copy = tmp_path / "run"
+    shutil.copytree(results_of(mixed).parent, copy)
+    rows = [json.loads(line) for line in (copy / "results.jsonl").read_text().splitlines()]
+    (copy / "results.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "verdict"}) + "\n"
+                                                for r in rows))
+    done = report(copy, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    reasons = {row["category"]: row for row in markdown_tables((tmp_path / "report.md").read_text())
+               ["Failure reasons (rollouts)"]}
+    assert {k: int(v) for k, v in reasons["all"].items() if k not in ("category", "tier") and v != "0"} \
+        == expected_reasons(8, 2)
+    assert "note: no verdict recorded, so 2 failed rollouts with neither shape nor dtype right count as " \
+           "invalid answers" in done.stdout
+
+
+def _bad_inputs(mixed: Path, reference: Path, tmp: Path) -> list[tuple[Path, str]]:
+    """(input, what its one line must say), each made from the real runs."""
+    def copy(name: str) -> Path:
+        return shutil.copytree(results_of(mixed).parent, tmp / name)
+
+    (tmp / "empty").mkdir()
+    dataset = tmp / "dataset" / "results.jsonl"
+    dataset.parent.mkdir()
+    shutil.copy(ROOT / "train.jsonl", dataset)
+    other = copy("other-env")
+    meta = json.loads((other / "metadata.json").read_text())
+    (other / "metadata.json").write_text(json.dumps({**meta, "env_id": "other-env"}))
+    cut = copy("cut-mid-line") / "results.jsonl"
+    cut.write_bytes(cut.read_bytes()[:-100])
+    short = copy("cut-at-line-end") / "results.jsonl"
+    short.write_text("".join(short.read_text().splitlines(keepends=True)[:-1]))
+    both = tmp / "two-runs"
+    shutil.copytree(mixed, both / "a")
+    shutil.copytree(reference, both / "b")
+    return [
+        (tmp / "empty", "not a vf-eval output (no results.jsonl or traces.jsonl in or under it)"),
+        (ROOT / "train.jsonl", "not a vf-eval output (expected results.jsonl or traces.jsonl)"),
+        (dataset, "results.jsonl:1: not a verifiers results row"),
+        (other, "a run of environment 'other-env', not pytorch-env"),
+        (cut, "truncated: the last line is incomplete"),
+        (short, "truncated: "),
+        (both, "holds 2 runs"),
+    ]
+
+
+def test_bad_input_gets_one_line_and_nothing_is_written(runs, tmp_path):
+    for path, says in _bad_inputs(*runs, tmp_path):
+        done = report(path)
+        assert done.returncode == 1 and done.stdout == "", path
+        assert len(done.stderr.splitlines()) == 1 and says in done.stderr, (path, done.stderr)
+    assert not [p for p in tmp_path.rglob("*") if "report." in p.name]
+
+
+def test_an_unwritable_output_directory_gets_one_line(runs, tmp_path):
+    done = report(runs[0], "--out", tmp_path / "missing")
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1 and "No such file" in done.stderr
+    assert not (tmp_path / "missing").exists()
