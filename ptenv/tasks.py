@@ -23,6 +23,8 @@ class Task:
     solution: str
     # Degenerate answers (e.g. "input:x", "zeros") this task may let through, each with the reason why.
     degenerate_ok: dict[str, str] = field(default_factory=dict)
+    # Why the reference recomputed in float64 may fail the grader (the tolerance gate), when it does.
+    float64_off: str = ""
 
     @property
     def category(self) -> str:
@@ -144,7 +146,9 @@ TASKS = [
     Task("nn_modules/gelu_exact",
          "Apply the exact (erf-based) GELU to `x`, as `torch.nn.GELU()` does by default (not the tanh approximation).",
          {"x": "torch.linspace(-3.0, 3.0, 13)"},
-         "result = torch.nn.GELU()(x)\n"),
+         "result = torch.nn.GELU()(x)\n",
+         float64_off="known defect: near x = -3, float32 `1 + erf(x / sqrt(2))` cancels, so the float32 reference "
+                     "is 5e-7 off (1e-4 relative) and a float64 answer fails; the row stays byte-identical"),
     Task("nn_modules/softmax_columns",
          "The softmax of `x` over dimension 0, so that each column sums to 1.",
          {"x": "(torch.arange(12) * 5 % 12 * 0.4 - 2.0).reshape(3, 4)"},
