@@ -41,6 +41,7 @@ class Instance:
     independent: str | None = None  # another formulation of the answer, for the tolerance gate
     degenerate_ok: dict[str, str] = field(default_factory=dict)
     float64_off: str = ""  # why the float64 recompute may fail (ptenv/tasks.py says which task and why)
+    params: dict = field(default_factory=dict)  # what a generated family's templates were filled with
 
     @property
     def category(self) -> str:
@@ -71,7 +72,7 @@ class Family:
         params, inputs = self.sample(generator(self.id, seed, draw))
         fill = lambda text: Template(text).substitute(params) if text is not None else None  # noqa: E731
         return Instance(f"{self.id}@{seed}", tier, self.id, seed, fill(self.does), inputs,
-                        fill(self.solution), fill(self.independent))
+                        fill(self.solution), fill(self.independent), params=params)
 
 
 def generator(family_id: str, seed: int, draw: int = 0) -> torch.Generator:

@@ -147,8 +147,8 @@ TASKS = [
          "Apply the exact (erf-based) GELU to `x`, as `torch.nn.GELU()` does by default (not the tanh approximation).",
          {"x": "torch.linspace(-3.0, 3.0, 13)"},
          "result = torch.nn.GELU()(x)\n",
-         float64_off="known defect: near x = -3, float32 `1 + erf(x / sqrt(2))` cancels, so the float32 reference "
-                     "is 5e-7 off (1e-4 relative) and a float64 answer fails; the row stays byte-identical"),
+         float64_off="known defect: at x = -3 torch's float32 GELU kernel is 5e-7 (1e-4 relative) off the true "
+                     "value, so the exact formula, in float64 or even in float32, fails; the row stays byte-identical"),
     Task("nn_modules/softmax_columns",
          "The softmax of `x` over dimension 0, so that each column sums to 1.",
          {"x": "(torch.arange(12) * 5 % 12 * 0.4 - 2.0).reshape(3, 4)"},

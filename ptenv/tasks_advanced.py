@@ -143,7 +143,7 @@ FAMILIES = [
            "weights whose rows are four blocks of $h in the order i, f, g, o: at each step, with "
            "`a = x_t @ w_ih.T + b_ih + h @ w_hh.T + b_hh` split into those blocks, `i = sigmoid(a_i)`, "
            "`f = sigmoid(a_f)`, `g = tanh(a_g)`, `o = sigmoid(a_o)`, `c = f * c + i * g` and `h = o * tanh(c)`. "
-           "`result` is the final `h` and the final `c` side by side: `torch.cat([h, c], dim=1)`.",
+           "`result[:, :$h]` is the final `h` and `result[:, $h:]` the final `c`.",
            _lstm,
            "h, c = h0, c0\n"
            "for xt in x:\n"

@@ -51,6 +51,7 @@ def _masked_softmax(g):
 def _attention(g):
     b, t, d = randint(g, 1, 3), randint(g, 3, 6), randint(g, 2, 4)
     lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[randint(g, 0, b - 1)] = randint(g, 1, t - 1)  # some padding, always
     return {"d": d}, {"q": normal(g, b, t, d), "k": normal(g, b, t, d), "v": normal(g, b, t, d), "lengths": lengths}
 
 

@@ -40,6 +40,15 @@ def check_arguments(split, num_examples, seed, num_name: str = "num_train_exampl
         raise ValueError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
+def check_num_eval_examples(num_eval_examples, split) -> None:
+    if type(num_eval_examples) is not int or not -1 <= num_eval_examples <= MAX_EXAMPLES:
+        raise ValueError(f"num_eval_examples must be 0 (no eval dataset), -1 (the default set) or an integer from "
+                         f"1 to {MAX_EXAMPLES}, got {num_eval_examples!r}")
+    if num_eval_examples and split == "test":
+        raise ValueError("num_eval_examples serves the test split as the eval dataset; with split='test' the "
+                         "dataset is the test split already: leave num_eval_examples at 0")
+
+
 def instance_seed(seed: int, k: int, split: str) -> int:
     return seed * SEED_STRIDE + 2 * k + (split == "test")
 
