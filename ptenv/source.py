@@ -17,7 +17,7 @@ def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train", tiers=
                num_examples: int = -1, seed: int = 0, num_name: str = "num_train_examples") -> list[TaskRow]:
     """The tasks of one split, parsed strictly; a bad row or argument fails with one line naming it."""
     if dataset_name != DEFAULT_DATASET:
-        if (tiers, num_examples, seed) != ("basic", -1, 0):
+        if tiers not in ("basic", ["basic"]) or (num_examples, seed) != (-1, 0):
             raise ValueError("tiers, num_train_examples, num_eval_examples and seed choose generated tasks of "
                              f"{DEFAULT_DATASET}; a fork ({dataset_name}) serves its own rows")
         return _load_from_hub(dataset_name, split)
