@@ -4,7 +4,8 @@ A family samples its parameters and inputs from a torch.Generator seeded by a SH
 (family id, seed), never Python's salted `hash()`, and fills its instruction and reference
 solution from the parameters (string.Template, `$name`). Every basic family is a canonical task
 of ptenv/tasks.py: its canonical member is that task as committed, and a seed redraws its input
-values (same shapes, dtypes and parameters, so the instruction is unchanged). The intermediate
+values and, unless the task names its sizes (tasks.FIXED_SHAPES), its sizes: every canonical size
+maps to one new size, so inputs that had to agree still agree. Dtypes and parameters stay. The intermediate
 and advanced families (ptenv/tasks_intermediate.py, ptenv/tasks_advanced.py) sample shapes,
 values and parameters, and state the maths rather than the function to call.
 
@@ -23,7 +24,7 @@ import torch
 
 from ptenv.dataset import build_inputs, make_row, run_solution
 from ptenv.grader import grade
-from ptenv.tasks import Task
+from ptenv.tasks import FIXED_SHAPES, Task
 
 MAX_DRAWS = 20
 
@@ -158,27 +159,30 @@ def canonical_instance(task: Task) -> Instance:
 
 def basic_instance(task: Task, seed: int) -> Instance:
     canonical = build_inputs(task)
+    sizes = sorted({d for t in canonical.values() for d in t.shape})
 
     def draw(n: int) -> Instance:
         g = generator(task.id, seed, n)
-        inputs = {name: _redraw(g, t) for name, t in canonical.items()}
+        # Sizes from 2 (no single-row std, no trivial reductions) to 2 more than the canonical one.
+        resized = {d: d if task.id in FIXED_SHAPES else randint(g, max(2, d - 1), d + 2) for d in sizes}
+        inputs = {name: _redraw(g, t, tuple(resized[d] for d in t.shape)) for name, t in canonical.items()}
         return Instance(f"{task.id}@{seed}", "basic", task.id, seed, task.does, inputs, task.solution,
                         degenerate_ok=task.degenerate_ok, float64_off=task.float64_off)
 
     return first_gradable(draw)
 
 
-def _redraw(g: torch.Generator, t: torch.Tensor) -> torch.Tensor:
-    """Fresh values of the same shape and dtype within the canonical input's range: bools and 0/1
+def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """Fresh values of `shape` and the same dtype within the canonical input's range: bools and 0/1
     values stay binary, integers (indices, targets) stay within the canonical ones' range."""
     if t.dtype == torch.bool:
-        return torch.rand(t.shape, generator=g) < 0.5
+        return torch.rand(shape, generator=g) < 0.5
     low, high = t.min().item(), t.max().item()
     if not t.is_floating_point():
-        return torch.randint(int(low), int(high) + 1, t.shape, generator=g, dtype=t.dtype)
+        return torch.randint(int(low), int(high) + 1, shape, generator=g, dtype=t.dtype)
     if ((t == 0) | (t == 1)).all():
-        return (torch.rand(t.shape, generator=g) < 0.5).to(t.dtype)
-    return uniform(g, low, high, *t.shape, dtype=t.dtype)
+        return (torch.rand(shape, generator=g) < 0.5).to(t.dtype)
+    return uniform(g, low, high, *shape, dtype=t.dtype)
 
 
 @dataclass(frozen=True)
