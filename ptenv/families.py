@@ -5,7 +5,8 @@ A family samples its parameters and inputs from a torch.Generator seeded by a SH
 solution from the parameters (string.Template, `$name`). Every basic family is a canonical task
 of ptenv/tasks.py: its canonical member is that task as committed, and a seed redraws its input
 values and, unless the task names its sizes (tasks.FIXED_SHAPES), its sizes: every canonical size
-maps to one new size, so inputs that had to agree still agree. Dtypes and parameters stay. The intermediate
+maps to one new size, so inputs that had to agree still agree, and the literals its entry lists in
+`vary` (learning rates, bounds, eps, a dtype) take one of their listed values. The intermediate
 and advanced families (ptenv/tasks_intermediate.py, ptenv/tasks_advanced.py) sample shapes,
 values and parameters, and state the maths rather than the function to call.
 
@@ -16,6 +17,7 @@ the usual cause; the redraw is deterministic, so the same seed still gives the s
 """
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from string import Template
 from typing import Callable
@@ -166,10 +168,21 @@ def basic_instance(task: Task, seed: int) -> Instance:
         # Sizes from 2 (no single-row std, no trivial reductions) to 2 more than the canonical one.
         resized = {d: d if task.id in FIXED_SHAPES else randint(g, max(2, d - 1), d + 2) for d in sizes}
         inputs = {name: _redraw(g, t, tuple(resized[d] for d in t.shape)) for name, t in canonical.items()}
-        return Instance(f"{task.id}@{seed}", "basic", task.id, seed, task.does, inputs, task.solution,
-                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off)
+        chosen = {literal: pick(g, (literal, *others)) for literal, others in task.vary.items()}
+        does, solution = _substitute(task.does, chosen), _substitute(task.solution, chosen)
+        return Instance(f"{task.id}@{seed}", "basic", task.id, seed, does, inputs, solution,
+                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, params=chosen)
 
     return first_gradable(draw)
+
+
+def _substitute(text: str, chosen: dict[str, str]) -> str:
+    """Replace each whole literal (not part of a longer number or name) in one pass, so that a value
+    that is also another literal is not replaced twice."""
+    if not chosen:
+        return text
+    pattern = "|".join(re.escape(literal) for literal in sorted(chosen, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.])({pattern})(?![\w.])", lambda m: chosen[m.group(1)], text)
 
 
 def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from ptenv import tiers
 from ptenv.dataset import TASK_ID, dumps_rows, parse_row
-from ptenv.families import MAX_DRAWS, Family, Instance, first_gradable, normal, randint
+from ptenv.families import MAX_DRAWS, Family, Instance, canonical_instance, first_gradable, normal, randint
 from ptenv.grader import grade
 from ptenv.policy_server import rows_by_question
 from ptenv.session_ns import new_namespace
@@ -64,6 +64,23 @@ def test_different_seeds_give_different_inputs():
     a, b = family.instance("intermediate", 0), family.instance("intermediate", 2)
     assert a.id == "nn_modules/causal_padded_attention@0" and b.id.endswith("@2")
     assert a.inputs["q"].shape != b.inputs["q"].shape or not torch.equal(a.inputs["q"], b.inputs["q"])
+
+
+def test_basic_families_redraw_sizes_and_parameters_but_keep_what_the_instruction_names():
+    by_id = {t.id: t for t in TASKS}
+    fit = [tiers.find_family("optim/adam_step")[1].instance("basic", s) for s in range(1, 40, 2)]
+    canonical_shapes = {name: t.shape for name, t in canonical_instance(by_id["optim/adam_step"]).inputs.items()}
+    assert any({n: t.shape for n, t in i.inputs.items()} != canonical_shapes for i in fit)
+    assert all(i.inputs["w"].shape[1] == i.inputs["x"].shape[1] and i.inputs["y"].shape == (i.inputs["x"].shape[0],
+               i.inputs["w"].shape[0]) for i in fit)  # sizes that must agree still agree
+    changed = [i for i in fit if i.params["0.99"] != "0.99"]
+    assert changed and all(f"betas=({i.params['0.9']}, {i.params['0.99']})" in i.does + i.solution for i in changed)
+    assert all(i.does.count("betas=(") == 1 and i.solution.count("betas=(") == 1 for i in fit)
+    blocks = [tiers.find_family("tensor_ops/reshape_blocks")[1].instance("basic", s) for s in (1, 3)]
+    assert all(i.inputs["x"].shape == (4, 6) for i in blocks)  # its instruction names the sizes
+    casts = {tiers.find_family("tensor_ops/cast_trunc_int32")[1].instance("basic", s).row()["question"].split(
+        "dtype ")[-1].split(" ")[0] for s in range(1, 40, 2)}
+    assert casts == {"torch.int16", "torch.int32", "torch.int64"}  # dtypes vary where they mean something
 
 
 def ids(tier_names, split, num, seed=0):
