@@ -46,10 +46,6 @@ class Instance:
     float64_off: str = ""  # why the float64 recompute may fail (ptenv/tasks.py says which task and why)
     params: dict = field(default_factory=dict)  # what a generated family's templates were filled with
 
-    @property
-    def category(self) -> str:
-        return self.id.split("/")[0]
-
     def row(self) -> dict:
         """The dataset row: a canonical task's exactly as in train.jsonl, a generated one with provenance."""
         if self.seed is None:
