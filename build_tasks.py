@@ -1,15 +1,21 @@
-"""Build the dataset from the task catalogue, or verify every task.
+"""Build the dataset from the task catalogue, or verify every task and family.
 
-    python build_tasks.py --out train.jsonl   # write the rows (byte-identical across runs)
-    python build_tasks.py --verify            # one line per task with each check, then a summary
+    python build_tasks.py --out train.jsonl          # write the rows (byte-identical across runs)
+    python build_tasks.py --verify                   # one line per canonical task with each check
+    python build_tasks.py --verify --variants 4      # and 4 seeded instances of every family
 
 A task passes when its reference runs cleanly and returns a real-valued tensor that is
 deterministic, finite, non-empty, different from every input and exactly round-trips through the
 codec, and when the real grader scores 0 for every degenerate answer (zeros, ones, the mean as a
 constant, each input passed through, the float16-rounded reference) unless the entry justifies it.
+Two more checks say the tolerance is not too tight: the reference recomputed in float64 and cast
+down passes, and so does the family's independent formulation where it has one. A generated
+instance must also come out byte-identical when generated again, and no two rows (the canonical
+ones and every variant, train and test) may share both instruction and inputs.
 """
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -18,9 +24,11 @@ from typing import NamedTuple
 import torch
 
 from ptenv import codec
-from ptenv.dataset import build_inputs, run_reference, write_rows
+from ptenv.dataset import dumps_rows, run_solution, write_rows
+from ptenv.families import Instance, canonical_instance, other_formulations, unexcused
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks import TASKS, Task
+from ptenv.tiers import SPLITS, TIERS, instance_seed
 
 
 class Check(NamedTuple):
@@ -50,10 +58,18 @@ def degenerate_answers(expected: torch.Tensor, inputs: dict[str, torch.Tensor]) 
 
 
 def check_task(task: Task) -> list[Check]:
-    """Run every check on one task; later checks are skipped once the reference itself is unusable."""
     try:
-        inputs = build_inputs(task)
-        result, again = run_reference(task), run_reference(task)
+        instance = canonical_instance(task)
+    except Exception as e:
+        return [Check("runs", False, _one_line(e))]
+    return check_instance(instance)
+
+
+def check_instance(instance: Instance) -> list[Check]:
+    """Run every check on one instance; later checks are skipped once the reference itself is unusable."""
+    inputs = instance.inputs
+    try:
+        result, again = _run(instance.solution, instance), _run(instance.solution, instance)
     except Exception as e:
         return [Check("runs", False, _one_line(e))]
     checks = [Check("runs", True)]
@@ -74,11 +90,21 @@ def check_task(task: Task) -> list[Check]:
     exact = expected.dtype == result.dtype and expected.shape == result.shape and codec.encode(expected) == encoded
     checks.append(_check("round_trip", exact and grade(expected, expected).score == 1.0, "decoded answer differs"))
     if expected.numel():
-        checks.append(_degenerate_check(task, expected, inputs))
+        checks.append(_degenerate_check(instance, expected, inputs))
+        # Another correct way to the answer must pass too: else the tolerance fails correct answers.
+        problems = other_formulations(instance, expected)
+        left = unexcused(instance, problems)
+        for name, problem in problems.items():
+            checks.append(Check(name, name not in left, f"fails, excused: {instance.float64_off}" if problem and
+                                name not in left else problem or ""))
     return checks
 
 
-def _degenerate_check(task: Task, expected: torch.Tensor, inputs: dict[str, torch.Tensor]) -> Check:
+def _run(solution: str, instance: Instance):
+    return run_solution(solution, instance.inputs, instance.id)
+
+
+def _degenerate_check(task, expected: torch.Tensor, inputs: dict[str, torch.Tensor]) -> Check:
     answers = degenerate_answers(expected, inputs)
     passing = {name for name, answer in answers.items() if grade(answer, expected).score != 0.0}
     let_through = sorted(passing - set(task.degenerate_ok))
@@ -102,18 +128,70 @@ def _one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-def verify(tasks: list[Task]) -> bool:
+def _describe(checks: list[Check]) -> str:
+    return " ".join(f"{c.name}:{'ok' if c.ok else 'FAIL'}" + (f"({c.detail})" if c.detail else "") for c in checks)
+
+
+def variant_seeds(family, variants: int) -> list[tuple[str, int]]:
+    """(split, seed) of a family's first `variants` instances, alternating train and test."""
+    splits = ["test"] if family.held_out else list(SPLITS)
+    return [(split, instance_seed(0, k // len(splits), split))
+            for k, split in zip(range(variants), splits * variants)]
+
+
+def check_family(tier: str, family, variants: int) -> tuple[list[Check], list[dict]]:
+    """The checks of the family's first failing variant (or of its last one), and every variant's row."""
+    rows, checks = [], []
+    for split, seed in variant_seeds(family, variants):
+        instance = family.instance(tier, seed)
+        checks = check_instance(instance)
+        if all(c.ok for c in checks):
+            row = instance.row()
+            checks.append(_check("reproducible", dumps_rows([family.instance(tier, seed).row()]) == dumps_rows([row]),
+                                 "a second generation differs"))
+            rows.append(row)
+        if not all(c.ok for c in checks):
+            return [Check("seed", False, f"{split} {seed}"), *checks], rows
+    return checks, rows
+
+
+def duplicate_rows(rows: list[dict]) -> list[str]:
+    """Ids of rows whose instruction and inputs equal an earlier row's."""
+    seen, duplicates = set(), []
+    for row in rows:
+        key = hashlib.sha256(json.dumps([row["question"], row["info"]["inputs"]], sort_keys=True).encode()).digest()
+        if key in seen:
+            duplicates.append(row["info"]["task_id"])
+        seen.add(key)
+    return duplicates
+
+
+def verify(tasks: list[Task], variants: int = 0) -> bool:
     start = time.perf_counter()
-    failed = 0
-    width = max(len(task.id) for task in tasks)
+    failed, rows = 0, []
+    width = max(len(f.id) for members in TIERS.values() for f in members) + len("intermediate ")
     for task in tasks:
         checks = check_task(task)
         ok = all(c.ok for c in checks)
         failed += not ok
-        parts = [f"{c.name}:{'ok' if c.ok else 'FAIL'}" + (f"({c.detail})" if c.detail else "") for c in checks]
-        print(f"{'ok  ' if ok else 'FAIL'} {task.id:<{width}}  {' '.join(parts)}", flush=True)
-    print(f"{len(tasks)} tasks: {len(tasks) - failed} passed, {failed} failed ({time.perf_counter() - start:.1f} s)")
-    return failed == 0
+        rows += [canonical_instance(task).row()] if ok else []
+        print(f"{'ok  ' if ok else 'FAIL'} {task.id:<{width}}  {_describe(checks)}", flush=True)
+    family_failed = 0
+    for tier, members in TIERS.items() if variants else ():
+        for family in members:
+            checks, family_rows = check_family(tier, family, variants)
+            ok = all(c.ok for c in checks)
+            family_failed += not ok
+            rows += family_rows
+            print(f"{'ok  ' if ok else 'FAIL'} {tier + ' ' + family.id:<{width}}  {_describe(checks)}", flush=True)
+    duplicates = duplicate_rows(rows)
+    summary = f"{len(tasks)} tasks: {len(tasks) - failed} passed, {failed} failed"
+    if variants:
+        count = sum(len(m) for m in TIERS.values())
+        summary += f"; {count} families x {variants} variants: {count - family_failed} passed, {family_failed} failed"
+    print(f"{summary}; {len(duplicates)} duplicate rows{' ' + str(duplicates[:5]) if duplicates else ''} "
+          f"({time.perf_counter() - start:.1f} s)")
+    return failed == family_failed == len(duplicates) == 0
 
 
 def main(argv=None) -> int:
@@ -121,9 +199,13 @@ def main(argv=None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", metavar="PATH", help="write the dataset as JSONL")
     mode.add_argument("--verify", action="store_true", help="check every task and exit non-zero on any failure")
+    parser.add_argument("--variants", type=int, default=0, metavar="N",
+                        help="with --verify, also check N seeded instances of every family (default 0)")
     args = parser.parse_args(argv)
+    if args.variants < 0:
+        parser.error(f"--variants must be 0 or more, got {args.variants}")
     if args.verify:
-        return 0 if verify(TASKS) else 1
+        return 0 if verify(TASKS, args.variants) else 1
     write_rows(TASKS, args.out)
     print(f"wrote {len(TASKS)} rows to {args.out}")
     return 0

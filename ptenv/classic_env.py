@@ -10,6 +10,7 @@ from ptenv import session
 from ptenv.prompts import SYSTEM_PROMPT
 from ptenv.sandbox import transports
 from ptenv.source import DEFAULT_DATASET, load_tasks
+from ptenv.tiers import check_num_eval_examples
 from ptenv.versions import versions
 
 
@@ -99,28 +100,41 @@ async def harness_error(state) -> float:
     return float(state["scoring_error"] is not None)
 
 
+def as_dataset(tasks) -> Dataset:
+    stamp = versions()
+    return Dataset.from_list([
+        {"question": t.question,
+         "info": json.dumps({"task_id": t.task_id, "category": t.category, **t.provenance(), "versions": stamp})}
+        for t in tasks
+    ])
+
+
 def load_environment(
     split: str = "train",
     dataset_name: str = DEFAULT_DATASET,
     max_turns: int = 5,
     sandbox: str = "local",
+    tiers: str | list[str] = "basic",
+    num_train_examples: int = -1,
+    num_eval_examples: int = 0,
+    seed: int = 0,
     **kwargs,
 ) -> vf.Environment:
-    tasks = load_tasks(dataset_name, split)
-    stamp = versions()
-    dataset = Dataset.from_list(
-        [{"question": t.question, "info": json.dumps({"task_id": t.task_id, "category": t.category, "versions": stamp})}
-         for t in tasks]
-    )
+    check_num_eval_examples(num_eval_examples, split)
+    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed)
+    # The held-out test split as the eval dataset, so a trainer's validation is not its training set.
+    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples") \
+        if num_eval_examples else []
     diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
     rubric = vf.Rubric(
         funcs=[correctness, *diagnostics, harness_error],
         weights=[1.0] + [0.0] * (len(diagnostics) + 1),
     )
     return PyTorchEnv(
-        tasks,
+        tasks + eval_tasks,
         transports.create(sandbox),
-        dataset=dataset,
+        dataset=as_dataset(tasks),
+        eval_dataset=as_dataset(eval_tasks) if eval_tasks else None,
         system_prompt=SYSTEM_PROMPT,
         rubric=rubric,
         max_turns=max_turns,

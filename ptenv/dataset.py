@@ -1,7 +1,8 @@
 """Tasks to dataset rows, and dataset rows back to typed records (strictly).
 
 A row is {"question": str, "info": {"task_id", "category", "inputs": [{"name", "tensor"}],
-"expected_output", "reference_solution"}}, tensors encoded by ptenv.codec. The expected output is
+"expected_output", "reference_solution"}}, tensors encoded by ptenv.codec; a generated row's info
+also carries its provenance ("tier", "family", "seed"). The expected output is
 computed by running the reference solution exactly as a model's cell runs: single-threaded, in a
 `new_namespace(inputs)`, answer left in `result`.
 """
@@ -19,7 +20,8 @@ from ptenv.tasks import CATEGORIES, Task
 
 ROW_KEYS = {"question", "info"}
 INFO_KEYS = {"task_id", "category", "inputs", "expected_output", "reference_solution"}
-TASK_ID = re.compile(r"[a-z_]+/[a-z0-9_]+")
+PROVENANCE_KEYS = {"tier", "family", "seed"}  # generated rows only: train.jsonl stays as it was
+TASK_ID = re.compile(r"[a-z_]+/[a-z0-9_]+(@[0-9]+)?")
 RESERVED_NAMES = {"torch", "result"}
 
 
@@ -35,6 +37,12 @@ class TaskRow:
     inputs: dict[str, torch.Tensor]
     expected: torch.Tensor
     reference_solution: str
+    tier: str = "basic"
+    family: str = ""  # the task id for a canonical task
+    seed: int | None = None
+
+    def provenance(self) -> dict:
+        return {"tier": self.tier, "family": self.family or self.task_id, "seed": self.seed}
 
 
 def build_inputs(task: Task) -> dict[str, torch.Tensor]:
@@ -50,34 +58,44 @@ def build_inputs(task: Task) -> dict[str, torch.Tensor]:
 
 def run_reference(task: Task):
     """Run the reference solution on fresh inputs as a model's cell would, and return its `result`."""
+    return run_solution(task.solution, build_inputs(task), task.id)
+
+
+def run_solution(solution: str, inputs: dict[str, torch.Tensor], name: str):
+    """Run `solution` on private copies of `inputs` as a model's cell would, and return its `result`."""
     torch.set_num_threads(1)  # the sandbox session runs single-threaded
-    namespace = new_namespace(build_inputs(task))
-    exec(compile(task.solution, f"<{task.id}>", "exec"), namespace)
+    namespace = new_namespace(inputs)
+    exec(compile(solution, f"<{name}>", "exec"), namespace)
     if "result" not in namespace:
-        raise NameError("the reference solution left no `result`")
+        raise NameError("the solution left no `result`")
     return namespace["result"]
 
 
-def instruction(task: Task, inputs: dict[str, torch.Tensor], expected: torch.Tensor) -> str:
+def instruction(does: str, inputs: dict[str, torch.Tensor], expected: torch.Tensor) -> str:
     """The prompt: every preloaded tensor with its dtype and shape, the task, and the exact form of `result`."""
     listed = "\n".join(f"- `{name}`: {t.dtype}, shape {tuple(t.shape)}" for name, t in inputs.items())
     return (f"These tensors are already defined in your Python session (`torch` is imported):\n{listed}\n\n"
-            f"Task: {task.does}\n\n"
+            f"Task: {does}\n\n"
             f"Leave the answer in a variable named `result`. It must be a torch.Tensor with dtype "
             f"{expected.dtype} and shape {tuple(expected.shape)}.")
 
 
 def build_row(task: Task) -> dict:
-    inputs = build_inputs(task)
-    expected = run_reference(task)
+    """A canonical task's row, exactly as committed in train.jsonl."""
+    return make_row(task.id, task.does, build_inputs(task), task.solution)
+
+
+def make_row(task_id: str, does: str, inputs: dict[str, torch.Tensor], solution: str, **provenance) -> dict:
+    expected = run_solution(solution, inputs, task_id)
     return {
-        "question": instruction(task, inputs, expected),
+        "question": instruction(does, inputs, expected),
         "info": {
-            "task_id": task.id,
-            "category": task.category,
+            "task_id": task_id,
+            "category": task_id.split("/")[0],
             "inputs": [{"name": name, "tensor": codec.encode(t)} for name, t in inputs.items()],
             "expected_output": codec.encode(expected),
-            "reference_solution": task.solution,
+            "reference_solution": solution,
+            **provenance,
         },
     }
 
@@ -133,7 +151,8 @@ def parse_row(row, where: str) -> TaskRow:
     _exact_keys(row, ROW_KEYS, "row", fail)
     question = text(row["question"], "question")
     info = row["info"]
-    _exact_keys(info, INFO_KEYS, "info", fail)
+    generated = isinstance(info, dict) and bool(PROVENANCE_KEYS & set(info))
+    _exact_keys(info, INFO_KEYS | PROVENANCE_KEYS if generated else INFO_KEYS, "info", fail)
     task_id = text(info["task_id"], "info.task_id")
     category = text(info["category"], "info.category")
     if not TASK_ID.fullmatch(task_id):
@@ -163,7 +182,13 @@ def parse_row(row, where: str) -> TaskRow:
         compile(solution, task_id, "exec")
     except SyntaxError as e:
         fail("info.reference_solution", f"not valid Python: {e.msg} (line {e.lineno})")
-    return TaskRow(task_id, category, question, inputs, expected, solution)
+    if not generated:
+        return TaskRow(task_id, category, question, inputs, expected, solution)
+    seed = info["seed"]
+    if not (isinstance(info["tier"], str) and isinstance(info["family"], str)
+            and (seed is None or type(seed) is int)):
+        fail("info", "tier and family must be strings and seed an integer or null")
+    return TaskRow(task_id, category, question, inputs, expected, solution, info["tier"], info["family"], seed)
 
 
 def _exact_keys(obj, keys: set, field: str, fail) -> None:

@@ -46,7 +46,11 @@ def rows_by_question(path) -> dict:
             if not isinstance(info, dict) or not isinstance(info.get("reference_solution"), str):
                 raise ValueError(f"{where}: 'info.reference_solution' must be a string")
             if question in rows:
-                raise ValueError(f"{where}: duplicate question (task {info.get('task_id')!r})")
+                # Seeded instances may share an instruction (only their inputs differ); the
+                # reference policy can serve them only if their solutions are the same too.
+                if rows[question]["info"]["reference_solution"] != info["reference_solution"]:
+                    raise ValueError(f"{where}: duplicate question with another solution (task {info.get('task_id')!r})")
+                continue
             rows[question] = row
     return rows
 

@@ -1,8 +1,11 @@
-"""Where tasks come from: the bundled train.jsonl for the default dataset, the Hugging Face hub for forks."""
+"""Where tasks come from: the bundled train.jsonl for the default dataset's canonical tasks, the task
+families for every other instance of it (generated on the fly, deterministically), and the Hugging
+Face hub for forks."""
 
 import json
 from pathlib import Path
 
+from ptenv import tiers as tier_catalogue
 from ptenv.dataset import RowError, TaskRow, load_rows, parse_row
 
 DEFAULT_DATASET = "eltociear/pytorch-tasks-v1"
@@ -10,13 +13,19 @@ DEFAULT_DATASET = "eltociear/pytorch-tasks-v1"
 BUNDLED = Path(__file__).resolve().parent.parent / "train.jsonl"
 
 
-def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train") -> list[TaskRow]:
-    """The tasks of one split, parsed strictly; a bad row fails with one line naming it."""
-    if dataset_name == DEFAULT_DATASET:
-        if split != "train":
-            raise ValueError(f"split {split!r} is not in {dataset_name} (it has: train)")
-        return load_rows(BUNDLED)
-    return _load_from_hub(dataset_name, split)
+def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train", tiers="basic",
+               num_examples: int = -1, seed: int = 0, num_name: str = "num_train_examples") -> list[TaskRow]:
+    """The tasks of one split, parsed strictly; a bad row or argument fails with one line naming it."""
+    if dataset_name != DEFAULT_DATASET:
+        if tiers not in ("basic", ["basic"]) or (num_examples, seed) != (-1, 0):
+            raise ValueError("tiers, num_train_examples, num_eval_examples and seed choose generated tasks of "
+                             f"{DEFAULT_DATASET}; a fork ({dataset_name}) serves its own rows")
+        return _load_from_hub(dataset_name, split)
+    names = tier_catalogue.parse_tiers(tiers)
+    tier_catalogue.check_arguments(split, num_examples, seed, num_name)
+    canonical = {row.task_id: row for row in load_rows(BUNDLED)}
+    return [canonical[i.id] if i.seed is None else parse_row(i.row(), i.id)
+            for i in tier_catalogue.select(names, split, num_examples, seed)]
 
 
 def _load_from_hub(dataset_name: str, split: str) -> list[TaskRow]:

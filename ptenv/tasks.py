@@ -23,6 +23,11 @@ class Task:
     solution: str
     # Degenerate answers (e.g. "input:x", "zeros") this task may let through, each with the reason why.
     degenerate_ok: dict[str, str] = field(default_factory=dict)
+    # Why the reference recomputed in float64 may fail the grader (the tolerance gate), when it does.
+    float64_off: str = ""
+    # Parameters a seeded instance may change: a literal of the instruction and solution (e.g. "0.1"
+    # for a learning rate) -> the other values it may take; every occurrence in both is replaced.
+    vary: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def category(self) -> str:
@@ -59,19 +64,23 @@ TASKS = [
     Task("tensor_ops/clamp_range",
          "Clamp every element of `x` into the closed interval [-0.75, 1.25].",
          {"x": "torch.linspace(-2.0, 2.0, 14).reshape(2, 7)"},
-         "result = x.clamp(min=-0.75, max=1.25)\n"),
+         "result = x.clamp(min=-0.75, max=1.25)\n",
+         vary={"-0.75": ("-0.5", "-1.0"), "1.25": ("0.75", "1.5")}),
     Task("tensor_ops/masked_fill",
          "A copy of `x` in which every element where the boolean mask `m` is True is replaced by 0.5.",
          {"x": "torch.linspace(-1.0, 1.0, 12).reshape(3, 4)", "m": "torch.arange(12).reshape(3, 4) % 3 == 0"},
-         "result = x.masked_fill(m, 0.5)\n"),
+         "result = x.masked_fill(m, 0.5)\n",
+         vary={"0.5": ("-2.0", "3.5")}),
     Task("tensor_ops/masked_select",
          "The elements of `x` that are greater than 0.5, as a 1-D tensor in row-major order.",
          {"x": "(torch.arange(15) * 4 % 15 * 0.2 - 1.1).reshape(3, 5)"},
-         "result = x[x > 0.5]\n"),
+         "result = x[x > 0.5]\n",
+         vary={"0.5": ("0.0", "0.25")}),
     Task("tensor_ops/band_mask",
          "A boolean mask that is True exactly where -0.5 <= `x` < 1.0.",
          {"x": "torch.linspace(-2.5, 2.25, 20).reshape(4, 5)"},
-         "result = (x >= -0.5) & (x < 1.0)\n"),
+         "result = (x >= -0.5) & (x < 1.0)\n",
+         vary={"-0.5": ("-1.0", "-0.25"), "1.0": ("0.5", "1.5")}),
     Task("tensor_ops/sort_descending",
          "Sort each row of `x` in descending order (the sorted values, not the indices).",
          {"x": "(torch.arange(15) * 4 % 15 * 0.3 - 2.0).reshape(3, 5)"},
@@ -101,7 +110,8 @@ TASKS = [
     Task("tensor_ops/cast_trunc_int32",
          "Convert `x` to torch.int32 the way `Tensor.to` does (fractions truncated toward zero).",
          {"x": "torch.linspace(-3.5, 3.5, 12).reshape(3, 4)"},
-         "result = x.to(torch.int32)\n"),
+         "result = x.to(torch.int32)\n",
+         vary={"torch.int32": ("torch.int16", "torch.int64")}),
     # ---------------------------------------------------------------- nn_modules
     Task("nn_modules/linear_explicit",
          "Apply `torch.nn.Linear(4, 3)` whose weight is `w` and bias is `b` to `x`.",
@@ -144,7 +154,9 @@ TASKS = [
     Task("nn_modules/gelu_exact",
          "Apply the exact (erf-based) GELU to `x`, as `torch.nn.GELU()` does by default (not the tanh approximation).",
          {"x": "torch.linspace(-3.0, 3.0, 13)"},
-         "result = torch.nn.GELU()(x)\n"),
+         "result = torch.nn.GELU()(x)\n",
+         float64_off="known defect: at x = -3 torch's float32 GELU kernel is 5e-7 (1e-4 relative) off the true "
+                     "value, so the exact formula, in float64 or even in float32, fails; the row stays byte-identical"),
     Task("nn_modules/softmax_columns",
          "The softmax of `x` over dimension 0, so that each column sums to 1.",
          {"x": "(torch.arange(12) * 5 % 12 * 0.4 - 2.0).reshape(3, 4)"},
@@ -161,7 +173,8 @@ TASKS = [
          "with torch.no_grad():\n"
          "    norm.weight.copy_(g)\n"
          "    norm.bias.copy_(b)\n"
-         "result = norm(x).detach()\n"),
+         "result = norm(x).detach()\n",
+         vary={"1e-5": ("1e-3", "1e-2")}),
     Task("nn_modules/max_pool",
          "Apply `torch.nn.MaxPool2d(kernel_size=3, stride=2, padding=1)` to `x`.",
          {"x": "(torch.arange(36) * 7 % 36 * 0.1 - 1.7).reshape(1, 1, 6, 6)"},
@@ -270,7 +283,8 @@ TASKS = [
     Task("losses/smooth_l1",
          "The element-wise `torch.nn.SmoothL1Loss(beta=0.5, reduction='none')` between `pred` and `target`.",
          {"pred": "torch.linspace(-1.5, 1.5, 12).reshape(3, 4)", "target": "torch.linspace(0.2, -0.1, 12).reshape(3, 4)"},
-         "result = torch.nn.SmoothL1Loss(beta=0.5, reduction='none')(pred, target)\n"),
+         "result = torch.nn.SmoothL1Loss(beta=0.5, reduction='none')(pred, target)\n",
+         vary={"0.5": ("0.25", "1.0")}),
     # ---------------------------------------------------------------- optim
     Task("optim/sgd_step",
          "Make `w` a parameter (`torch.nn.Parameter(w)`), compute `loss = ((x @ w.T - y) ** 2).mean()`, and take "
@@ -281,7 +295,8 @@ TASKS = [
          "opt.zero_grad()\n"
          "((x @ w.T - y) ** 2).mean().backward()\n"
          "opt.step()\n"
-         "result = w.detach().clone()\n"),
+         "result = w.detach().clone()\n",
+         vary={"0.1": ("0.05", "0.3")}),
     Task("optim/sgd_momentum",
          "Make `w` a parameter, and with `torch.optim.SGD([w], lr=0.1, momentum=0.9)` take two steps, each one "
          "zeroing the gradient, computing `loss = ((x @ w.T - y) ** 2).mean()` and calling `backward()`; return "
@@ -293,7 +308,8 @@ TASKS = [
          "    opt.zero_grad()\n"
          "    ((x @ w.T - y) ** 2).mean().backward()\n"
          "    opt.step()\n"
-         "result = w.detach().clone()\n"),
+         "result = w.detach().clone()\n",
+         vary={"0.1": ("0.05", "0.2"), "0.9": ("0.5", "0.8")}),
     Task("optim/adam_step",
          "Make `w` a parameter, compute `loss = ((x @ w.T - y) ** 2).mean()`, and take one step of "
          "`torch.optim.Adam([w], lr=0.01, betas=(0.9, 0.99))`; return the updated parameter values.",
@@ -303,7 +319,8 @@ TASKS = [
          "opt.zero_grad()\n"
          "((x @ w.T - y) ** 2).mean().backward()\n"
          "opt.step()\n"
-         "result = w.detach().clone()\n"),
+         "result = w.detach().clone()\n",
+         vary={"0.01": ("0.001", "0.05"), "0.9": ("0.8",), "0.99": ("0.999", "0.9")}),
     Task("optim/adamw_three_steps",
          "Make `w` a parameter, and with `torch.optim.AdamW([w], lr=0.05, weight_decay=0.1)` take three steps, "
          "each one zeroing the gradient, computing `loss = ((x @ w.T - y) ** 2).mean()` and calling `backward()`; "
@@ -315,7 +332,8 @@ TASKS = [
          "    opt.zero_grad()\n"
          "    ((x @ w.T - y) ** 2).mean().backward()\n"
          "    opt.step()\n"
-         "result = w.detach().clone()\n"),
+         "result = w.detach().clone()\n",
+         vary={"0.05": ("0.01", "0.1"), "0.1": ("0.01", "0.5")}),
     Task("optim/clip_grad_norm",
          "Make `w` and `b` parameters, backpropagate `loss = ((x @ w.T + b - y) ** 2).sum()`, then clip their "
          "gradients with `torch.nn.utils.clip_grad_norm_([w, b], max_norm=1.0)`; return the clipped gradients "
@@ -324,5 +342,15 @@ TASKS = [
          "w, b = torch.nn.Parameter(w), torch.nn.Parameter(b)\n"
          "((x @ w.T + b - y) ** 2).sum().backward()\n"
          "torch.nn.utils.clip_grad_norm_([w, b], max_norm=1.0)\n"
-         "result = torch.cat([w.grad.flatten(), b.grad])\n"),
+         "result = torch.cat([w.grad.flatten(), b.grad])\n",
+         vary={"1.0": ("0.5", "2.0")}),
 ]
+
+# Tasks whose instruction or solution names its sizes (or whose answer could come out empty on
+# small inputs): their seeded instances keep the canonical shapes and redraw only the values.
+FIXED_SHAPES = {
+    "tensor_ops/reshape_blocks", "tensor_ops/masked_select", "tensor_ops/stack_then_cat", "tensor_ops/batched_matmul",
+    "nn_modules/linear_explicit", "nn_modules/mlp_relu_sigmoid", "nn_modules/conv2d_padding",
+    "nn_modules/conv2d_stride", "nn_modules/layer_norm_affine", "nn_modules/flatten_linear",
+    "nn_modules/embedding_lookup", "losses/cross_entropy_mean", "losses/cross_entropy_per_sample",
+}

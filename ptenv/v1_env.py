@@ -47,8 +47,12 @@ class PyTorchTaskData(vf.TaskData):
 
 
 class PyTorchTasksetConfig(vf.TasksetConfig):
+    # The classic load_environment's arguments; v1 has no eval dataset, so `split` picks the one served.
     dataset_name: str = DEFAULT_DATASET
     split: str = "train"
+    tiers: str | list[str] = "basic"
+    num_train_examples: int = -1
+    seed: int = 0
 
 
 class PyTorchHarnessConfig(NullHarnessConfig):
@@ -118,7 +122,8 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
 
 class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
     def load(self):
-        for row in load_tasks(self.config.dataset_name, self.config.split):
+        config = self.config
+        for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed):
             data = PyTorchTaskData(
                 id=row.task_id, prompt=row.question, system_prompt=SYSTEM_PROMPT, info=row_info(row)
             )
@@ -141,6 +146,7 @@ def row_info(row: TaskRow) -> dict:
         "inputs": [{"name": name, "tensor": codec.encode(t)} for name, t in row.inputs.items()],
         "expected_output": codec.encode(row.expected),
         "reference_solution": row.reference_solution,
+        **row.provenance(),
     }
 
 

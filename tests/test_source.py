@@ -20,8 +20,33 @@ def test_the_default_dataset_is_the_bundled_copy(monkeypatch):
 
 
 def test_a_missing_split_of_the_default_dataset_is_one_line():
-    with pytest.raises(ValueError, match=r"^split 'test' is not in eltociear/pytorch-tasks-v1 \(it has: train\)$"):
-        load_tasks(DEFAULT_DATASET, "test")
+    with pytest.raises(ValueError, match=r"^split must be 'train' or 'test', got 'validation'$"):
+        load_tasks(DEFAULT_DATASET, "validation")
+
+
+def test_load_environment_serves_the_held_out_split_as_the_eval_dataset():
+    env = pytorch_env.load_environment()
+    try:  # the defaults: the 45 canonical tasks and no eval dataset, as before
+        assert [json.loads(r["info"])["task_id"] for r in env.get_dataset()] == [t.task_id for t in load_tasks()]
+        assert env.eval_dataset is None
+    finally:
+        env.sandbox_client.teardown()
+    env = pytorch_env.load_environment(tiers=["intermediate", "advanced"], num_train_examples=6, num_eval_examples=4, seed=2)
+    try:
+        train = [json.loads(r["info"]) for r in env.get_dataset()]
+        test = [json.loads(r["info"]) for r in env.get_eval_dataset()]
+        assert len(train) == 6 and len(test) == 4
+        assert {i["seed"] % 2 for i in train} == {0} and {i["seed"] % 2 for i in test} == {1}
+        assert all(i["task_id"] == f"{i['family']}@{i['seed']}" and i["tier"] in ("intermediate", "advanced")
+                   for i in train + test)
+        assert {i["task_id"] for i in train + test} <= set(env.tasks)  # the host holds both splits' answers
+    finally:
+        env.sandbox_client.teardown()
+
+
+def test_a_bad_environment_argument_is_one_line():
+    with pytest.raises(ValueError, match=r"^num_eval_examples must be 0 \(no eval dataset\), -1 \(the default set\)"):
+        pytorch_env.load_environment(num_eval_examples="all")
 
 
 def fork(tmp_path: Path, rows: list[dict] | None = None) -> str:

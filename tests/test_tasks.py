@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ptenv import codec
-from ptenv.dataset import RowError, build_inputs, build_row, dumps_rows, load_rows, parse_row
+from ptenv.dataset import RowError, build_inputs, build_row, dumps_rows, load_rows, parse_row, run_reference
 from ptenv.grader import grade
 from ptenv.session_ns import new_namespace
 from ptenv.tasks import CATEGORIES, TASKS, Task
@@ -169,7 +169,7 @@ def test_near_miss_solutions_fail(task_id):
     namespace = new_namespace(build_inputs(task))
     exec(NEAR_MISSES[task_id], namespace)
     answer = codec.decode(codec.encode(namespace["result"]))
-    assert grade(answer, build_tasks.run_reference(task).detach()).score == 0.0
+    assert grade(answer, run_reference(task).detach()).score == 0.0
 
 
 def good_row() -> dict:

@@ -26,6 +26,8 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError  # noqa:
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
 from ptenv import policy_server, session  # noqa: E402
+from ptenv.dataset import dumps_rows  # noqa: E402
+from ptenv.tiers import select  # noqa: E402
 from sandbox_util import wait_until  # noqa: E402
 from ptenv.v1_env import (  # noqa: E402
     DIAGNOSTICS,
@@ -161,13 +163,13 @@ def policy_url():
     stop()
 
 
-def run_vf_eval(url: str, policy: str, out: Path, n: int) -> list[dict]:
+def run_vf_eval(url: str, policy: str, out: Path, n: int, taskset_args: tuple = ()) -> list[dict]:
     """`vf-eval pytorch-env` as a user runs it; returns the traces, after checking nothing outlived it."""
     marker = uuid.uuid4().hex
     bin_dir = Path(sys.executable).parent  # vf-eval, and the `uv` its harness program needs
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PTENV_TEST_RUN": marker}
     argv = [str(bin_dir / "vf-eval"), "pytorch-env", "-m", policy, "--client.base-url", url,
-            "-n", str(n), "-r", "1", "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run"]
+            "-n", str(n), "-r", "1", "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run", *taskset_args]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=VF_EVAL_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_until(lambda: not processes_marked(marker), 10), f"left running: {processes_marked(marker)}"
@@ -208,6 +210,31 @@ def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, 
     assert len(traces) == N_TASKS
     assert all(t["ok"] and score(t) == 0.0 for t in traces)
     assert all(t["info"]["scoring_error"] is None and t["info"]["verdict"]["reason"] == "no result" for t in traces)
+
+
+def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():
+    tasks = list(PyTorchTaskset(PyTorchTasksetConfig(tiers="advanced", split="test", num_train_examples=3, seed=5)))
+    rows = [task.row() for task in tasks]
+    assert [r.task_id for r in rows] == [i.id for i in select(["advanced"], "test", 3, 5)]
+    assert all(r.tier == "advanced" and r.seed % 2 == 1 and r.task_id == f"{r.family}@{r.seed}" for r in rows)
+    with pytest.raises(ValueError, match=r"^tiers must be one of 'basic', 'intermediate', 'advanced'"):
+        list(PyTorchTaskset(PyTorchTasksetConfig(tiers="expert")))
+
+
+def test_vf_eval_reference_policy_scores_generated_test_rows(tmp_path):
+    instances = select(["intermediate"], "test", 4, 5)
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(dumps_rows([i.row() for i in instances]))  # so the reference policy knows their solutions
+    url, stop = policy_server.serve_in_thread(dataset)
+    try:
+        args = ("--env.taskset.tiers", "intermediate", "--env.taskset.split", "test",
+                "--env.taskset.num-train-examples", "4", "--env.taskset.seed", "5")
+        traces = run_vf_eval(url, "reference", tmp_path / "out", 4, args)
+    finally:
+        stop()
+    assert sorted(t["task"]["data"]["id"] for t in traces) == sorted(i.id for i in instances)
+    assert all(t["ok"] and score(t) == 1.0 for t in traces)
+    assert all(t["task"]["data"]["info"]["tier"] == "intermediate" for t in traces)
 
 
 def test_bash_runs_in_the_cells_sandbox_and_not_on_the_host(policy_url, tmp_path, monkeypatch):

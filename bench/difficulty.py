@@ -1,0 +1,100 @@
+"""How hard each tier is for one model: the real `vf-eval` per tier, then pass@1 and the share of
+prompts whose rollouts all scored the same (a GRPO group that teaches nothing).
+
+    .venv/bin/python bench/difficulty.py -m reference            # scripted policies, served here
+    .venv/bin/python bench/difficulty.py -m null
+    .venv/bin/python bench/difficulty.py -m MODEL -b http://HOST:PORT/v1 -k API_KEY_VAR
+
+Each tier's held-out test split (its default set unless -n) is evaluated with -r 3 rollouts per
+prompt. A scripted policy (reference, null, hostile) is served by ptenv.policy_server from the
+very rows the environment generates, so the reference policy knows every row's solution.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from ptenv.dataset import dumps_rows
+from ptenv.policy_server import POLICIES, serve_in_thread
+from ptenv.tiers import TIERS, select
+
+VF_EVAL = Path(sys.executable).with_name("vf-eval")
+
+
+def tier_rows(tier: str, split: str, num: int, seed: int) -> list[dict]:
+    return [instance.row() for instance in select([tier], split, num, seed)]
+
+
+def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
+    env_args = {"tiers": tier, "split": args.split, "num_train_examples": args.n, "seed": args.seed}
+    rows = len(select([tier], args.split, args.n, args.seed))
+    command = [str(VF_EVAL), "pytorch-env", "-m", args.model, "-b", url, "-k", key_var, "-a", json.dumps(env_args),
+               "-n", str(rows), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error", "-o", str(out)]
+    print("$", " ".join(command[1:]), flush=True)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, key_var: os.environ.get(key_var, "unused")})
+    if done.returncode != 0:
+        sys.exit(f"vf-eval exited with {done.returncode}:\n{done.stdout[-3000:]}")
+    (results,) = out.glob("evals/*/*/results.jsonl")
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def summarise(rollouts: list[dict]) -> dict:
+    by_prompt = defaultdict(list)
+    for r in rollouts:
+        by_prompt[r["info"]["task_id"]].append(r["reward"])
+    return {
+        "prompts": len(by_prompt),
+        "rollouts": len(rollouts),
+        "pass@1": sum(r["reward"] for r in rollouts) / len(rollouts),
+        "all_same": sum(len(set(rewards)) == 1 for rewards in by_prompt.values()) / len(by_prompt),
+        "scoring_error": sum(r.get("scoring_error") is not None for r in rollouts),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-m", "--model", required=True, help=f"model name, or a scripted policy: {sorted(POLICIES)}")
+    parser.add_argument("-b", "--base-url", help="OpenAI-compatible endpoint (omit for a scripted policy)")
+    parser.add_argument("-k", "--api-key-var", default="DIFFICULTY_API_KEY", help="env var holding the API key")
+    parser.add_argument("--tiers", nargs="+", default=list(TIERS), choices=list(TIERS))
+    parser.add_argument("--split", default="test", choices=["train", "test"])
+    parser.add_argument("-n", type=int, default=-1, help="prompts per tier (-1: the split's default set)")
+    parser.add_argument("-r", type=int, default=3, help="rollouts per prompt")
+    parser.add_argument("-c", type=int, default=16, help="concurrent rollouts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    args = parser.parse_args()
+    if args.base_url is None and args.model not in POLICIES:
+        parser.error(f"--base-url is required unless --model is a scripted policy ({sorted(POLICIES)})")
+    table = {}
+    with tempfile.TemporaryDirectory(prefix="difficulty-") as tmp:
+        for tier in args.tiers:
+            url, stop = args.base_url, None
+            if url is None:
+                dataset = Path(tmp) / f"{tier}.jsonl"
+                dataset.write_text(dumps_rows(tier_rows(tier, args.split, args.n, args.seed)))
+                url, stop = serve_in_thread(dataset)
+            try:
+                table[tier] = summarise(run_tier(args, tier, url, args.api_key_var, Path(tmp) / tier))
+            finally:
+                if stop:
+                    stop()
+    print(f"\nmodel {args.model}, split {args.split}, -r {args.r}")
+    print(f"{'tier':<13} {'prompts':>7} {'rollouts':>8} {'pass@1':>7} {'all-same':>8} {'scoring_error':>13}")
+    for tier, s in table.items():
+        print(f"{tier:<13} {s['prompts']:>7} {s['rollouts']:>8} {s['pass@1']:>7.1%} {s['all_same']:>8.1%} "
+              f"{s['scoring_error']:>13}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "split": args.split, "r": args.r,
+                                               "tiers": table}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
