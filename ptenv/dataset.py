@@ -111,19 +111,27 @@ def write_rows(tasks: list[Task], path: str) -> None:
         f.write(text)
 
 
-def load_rows(path: str) -> list[TaskRow]:
-    """Parse every line of a JSONL file strictly; raise RowError naming file:line on the first bad row."""
+def read_jsonl(path) -> list[tuple[str, int, object]]:
+    """(where, line number, object) for every line of a JSONL file; RowError naming file:line on the
+    first line that is not JSON. The one reader of dataset files: parsing them is the caller's."""
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     if lines[-1] == b"":
         lines.pop()
-    rows, seen = [], {}
+    objects = []
     for number, line in enumerate(lines, 1):
         where = f"{path}:{number}"
         try:
-            obj = json.loads(line)
+            objects.append((where, number, json.loads(line)))
         except ValueError as e:  # bad JSON or bad UTF-8
             raise RowError(f"{where}: not valid JSON: {e}") from None
+    return objects
+
+
+def load_rows(path: str) -> list[TaskRow]:
+    """Parse every line of a JSONL file strictly; raise RowError naming file:line on the first bad row."""
+    rows, seen = [], {}
+    for where, number, obj in read_jsonl(path):
         row = parse_row(obj, where)
         if row.task_id in seen:
             raise RowError(f"{where}: info.task_id: duplicate {row.task_id!r} (first at line {seen[row.task_id]})")

@@ -20,6 +20,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ptenv.dataset import read_jsonl
 from ptenv.hostile import hostile_cell
 
 DEFAULT_DATASET = Path(__file__).resolve().parent.parent / "train.jsonl"
@@ -30,28 +31,20 @@ ARGUMENT_PIECE = 64  # stream tool arguments in pieces, as real servers do
 def rows_by_question(path) -> dict:
     """Map question -> row for the rows of a dataset JSONL; one-line ValueError on a bad row."""
     rows = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e})") from None
-            question = row.get("question") if isinstance(row, dict) else None
-            info = row.get("info") if isinstance(row, dict) else None
-            if not isinstance(question, str):
-                raise ValueError(f"{where}: 'question' must be a string")
-            if not isinstance(info, dict) or not isinstance(info.get("reference_solution"), str):
-                raise ValueError(f"{where}: 'info.reference_solution' must be a string")
-            if question in rows:
-                # Seeded instances may share an instruction (only their inputs differ); the
-                # reference policy can serve them only if their solutions are the same too.
-                if rows[question]["info"]["reference_solution"] != info["reference_solution"]:
-                    raise ValueError(f"{where}: duplicate question with another solution (task {info.get('task_id')!r})")
-                continue
-            rows[question] = row
+    for where, _, row in read_jsonl(path):
+        question = row.get("question") if isinstance(row, dict) else None
+        info = row.get("info") if isinstance(row, dict) else None
+        if not isinstance(question, str):
+            raise ValueError(f"{where}: 'question' must be a string")
+        if not isinstance(info, dict) or not isinstance(info.get("reference_solution"), str):
+            raise ValueError(f"{where}: 'info.reference_solution' must be a string")
+        if question in rows:
+            # Seeded instances may share an instruction (only their inputs differ); the
+            # reference policy can serve them only if their solutions are the same too.
+            if rows[question]["info"]["reference_solution"] != info["reference_solution"]:
+                raise ValueError(f"{where}: duplicate question with another solution (task {info.get('task_id')!r})")
+            continue
+        rows[question] = row
     return rows
 
 

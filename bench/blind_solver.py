@@ -1,0 +1,118 @@
+"""A blind solver's run over the held-out test split: it sees each prompt and may run code on the
+task's inputs in a sandbox, but never the reference, the expected output or a grade; it leaves one
+final answer per task. Grading happens afterwards, with the environment's own sandbox and grader.
+
+    .venv/bin/python bench/blind_solver.py prompts DIR --per-tier 20   # DIR/prompts/<key>.md
+    .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs
+    .venv/bin/python bench/blind_solver.py grade DIR                    # DIR/answers/<key>.py
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from prime_sandboxes import CreateSandboxRequest
+
+from ptenv import session
+from ptenv.dataset import parse_row
+from ptenv.prompts import SYSTEM_PROMPT
+from ptenv.sandbox.local import LocalSandboxClient
+from ptenv.tiers import TIERS, select
+
+REQUEST = CreateSandboxRequest(name="blind-solver", docker_image="local")
+TIMEOUT = 60
+
+
+def sample(per_tier: int, seed: int) -> dict[str, dict]:
+    """key -> {tier, task_id, row}: the first `per_tier` test instances of every tier."""
+    tasks = {}
+    for tier in TIERS:
+        for k, instance in enumerate(select([tier], "test", per_tier, seed)):
+            tasks[f"{tier}-{k:03d}"] = {"tier": tier, "task_id": instance.id, "row": instance.row()}
+    return tasks
+
+
+def write_prompts(out: Path, per_tier: int, seed: int) -> None:
+    tasks = sample(per_tier, seed)
+    (out / "prompts").mkdir(parents=True, exist_ok=True)
+    (out / "answers").mkdir(exist_ok=True)
+    key_file(out).write_text(json.dumps(tasks))  # the rows hold the answer key: kept out of the solver's folder
+    (out / "SYSTEM.md").write_text(SYSTEM_PROMPT + "\n")
+    for key, task in tasks.items():
+        (out / "prompts" / f"{key}.md").write_text(task["row"]["question"] + "\n")
+    print(f"{len(tasks)} prompts in {out / 'prompts'}")
+
+
+def key_file(out: Path) -> Path:
+    return out.with_name(out.name + ".key.json")
+
+
+def load(out: Path) -> dict[str, dict]:
+    return json.loads(key_file(out).read_text())
+
+
+async def run(task: dict, code: str, grade: bool):
+    """The cell's reply text, and the verdict when `grade`."""
+    row = parse_row(task["row"], task["task_id"])
+    client = LocalSandboxClient()
+    try:
+        sandbox = await client.create(REQUEST)
+        await session.preload(client, sandbox.id, row.inputs, TIMEOUT)
+        reply = await session.run_cell(client, sandbox.id, code, TIMEOUT)
+        outcome = await session.score(client, sandbox.id, row.expected, TIMEOUT) if grade else None
+    finally:
+        client.teardown()
+    return reply, outcome
+
+
+def try_code(out: Path, key: str, code_file: Path) -> None:
+    reply, _ = asyncio.run(run(load(out)[key], code_file.read_text(), grade=False))
+    print(reply)
+
+
+def grade_all(out: Path) -> None:
+    tasks = load(out)
+    scores, failures = defaultdict(list), []
+    for key, task in tasks.items():
+        answer = out / "answers" / f"{key}.py"
+        if not answer.exists():
+            scores[task["tier"]].append(0.0)
+            failures.append((key, task["task_id"], "no answer"))
+            continue
+        _, outcome = asyncio.run(run(task, answer.read_text(), grade=True))
+        scores[task["tier"]].append(outcome.verdict.score)
+        if outcome.verdict.score != 1.0:
+            failures.append((key, task["task_id"], outcome.scoring_error or outcome.verdict.reason))
+    for tier, values in scores.items():
+        print(f"{tier:<13} pass@1 {sum(values) / len(values):6.1%}  ({int(sum(values))}/{len(values)})")
+    for key, task_id, reason in failures:
+        print(f"  failed {key} {task_id}: {reason}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prompts")
+    p.add_argument("out", type=Path)
+    p.add_argument("--per-tier", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("try")
+    t.add_argument("out", type=Path)
+    t.add_argument("key")
+    t.add_argument("code", type=Path)
+    g = sub.add_parser("grade")
+    g.add_argument("out", type=Path)
+    args = parser.parse_args()
+    if args.command == "prompts":
+        write_prompts(args.out, args.per_tier, args.seed)
+    elif args.command == "try":
+        try_code(args.out, args.key, args.code)
+    else:
+        grade_all(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
