@@ -3,7 +3,7 @@ prompts whose rollouts all scored the same (a GRPO group that teaches nothing).
 
     .venv/bin/python bench/difficulty.py -m reference            # scripted policies, served here
     .venv/bin/python bench/difficulty.py -m null
-    .venv/bin/python bench/difficulty.py -m MODEL -b http://HOST:PORT/v1 -k API_KEY_VAR
+    .venv/bin/python bench/difficulty.py -m MODEL -b http://HOST:PORT/v1 -k API_KEY_VAR [--out DIR] [-- VF-EVAL ARGS]
 
 Each tier's held-out test split (its default set unless -n) is evaluated with -r 3 rollouts per
 prompt. A scripted policy (reference, null, hostile) is served by ptenv.policy_server from the
@@ -34,7 +34,8 @@ def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     env_args = {"tiers": tier, "split": args.split, "num_train_examples": args.n, "seed": args.seed}
     rows = len(select([tier], args.split, args.n, args.seed))
     command = [str(VF_EVAL), "pytorch-env", "-m", args.model, "-b", url, "-k", key_var, "-a", json.dumps(env_args),
-               "-n", str(rows), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error", "-o", str(out)]
+               "-n", str(rows), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error,verdict", "-o", str(out),
+               *args.vf_eval]
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, key_var: os.environ.get(key_var, "unused")})
@@ -69,11 +70,14 @@ def main() -> int:
     parser.add_argument("-c", type=int, default=16, help="concurrent rollouts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
+    parser.add_argument("--out", type=Path, help="keep each tier's vf-eval output here (for python -m ptenv.report)")
+    parser.add_argument("vf_eval", nargs="*", help="more vf-eval arguments, after --: sampling, e.g. -- -t 700 -T 0.7")
     args = parser.parse_args()
     if args.base_url is None and args.model not in POLICIES:
         parser.error(f"--base-url is required unless --model is a scripted policy ({sorted(POLICIES)})")
     table = {}
     with tempfile.TemporaryDirectory(prefix="difficulty-") as tmp:
+        keep = args.out or Path(tmp)
         for tier in args.tiers:
             url, stop = args.base_url, None
             if url is None:
@@ -81,7 +85,7 @@ def main() -> int:
                 dataset.write_text(dumps_rows(tier_rows(tier, args.split, args.n, args.seed)))
                 url, stop = serve_in_thread(dataset)
             try:
-                table[tier] = summarise(run_tier(args, tier, url, args.api_key_var, Path(tmp) / tier))
+                table[tier] = summarise(run_tier(args, tier, url, args.api_key_var, keep / tier))
             finally:
                 if stop:
                     stop()

@@ -173,12 +173,12 @@ def basic_instance(task: Task, seed: int) -> Instance:
 
 
 def _substitute(text: str, chosen: dict[str, str]) -> str:
-    """Replace each whole literal (not part of a longer number or name) in one pass, so that a value
-    that is also another literal is not replaced twice."""
+    """Replace each whole literal (not part of a longer number or name; a sentence's full stop may
+    follow it) in one pass, so that a value that is also another literal is not replaced twice."""
     if not chosen:
         return text
     pattern = "|".join(re.escape(literal) for literal in sorted(chosen, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.])({pattern})(?![\w.])", lambda m: chosen[m.group(1)], text)
+    return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\d)", lambda m: chosen[m.group(1)], text)
 
 
 def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple) -> torch.Tensor:

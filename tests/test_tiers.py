@@ -83,6 +83,21 @@ def test_basic_families_redraw_sizes_and_parameters_but_keep_what_the_instructio
     assert casts == {"torch.int16", "torch.int32", "torch.int64"}  # dtypes vary where they mean something
 
 
+def test_a_varied_literal_changes_in_the_instruction_wherever_it_changes_in_the_solution():
+    # A value drawn anew must be the one the model is told: the instruction and the reference
+    # solution say the same thing, wherever the literal stands (a sentence's full stop included).
+    whole = r"(?<![\w.]){}(?!\w|\.\d)"
+    for task in (t for t in TASKS if t.vary):
+        family = tiers.find_family(task.id)[1]
+        for seed in range(1, 12, 2):
+            instance = family.instance("basic", seed)
+            for literal, value in instance.params.items():
+                for text in (task.does, task.solution):
+                    count = len(re.findall(whole.format(re.escape(literal)), text))
+                    after = instance.does if text is task.does else instance.solution
+                    assert len(re.findall(whole.format(re.escape(value)), after)) >= count, (task.id, literal, value, after)
+
+
 def ids(tier_names, split, num, seed=0):
     return [i.id for i in tiers.select(tier_names, split, num, seed)]
 
