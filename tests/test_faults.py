@@ -223,6 +223,7 @@ async def test_a_sandbox_that_cannot_be_created_is_a_clear_error(server, monkeyp
         (tmp_path / "bwrap").chmod(0o755)
         monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
         reason = "cannot start the sandbox fork server: bwrap: Creating new namespace failed"
+        options = ("--security-opt seccomp=unconfined", "a pod that allows them", 'sandbox="prime"')
     env = pytorch_env.load_environment()
     try:
         start = time.monotonic()
@@ -234,3 +235,4 @@ async def test_a_sandbox_that_cannot_be_created_is_a_clear_error(server, monkeyp
     for row in rows:
         assert row["reward"] == 0.0 and row["harness_error"] == 1.0
         assert reason in row["scoring_error"] and "\n" not in row["scoring_error"]
+        assert bwrap is None or all(option in row["scoring_error"] for option in options), row["scoring_error"]

@@ -450,8 +450,9 @@ class LocalSandboxClient:
             lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
             reason = lines[-1].strip() if lines else f"it exited with code {self._zygote.returncode}"
             raise SandboxUnavailableError(
-                f"cannot start the sandbox fork server: {reason}. It needs bubblewrap and Linux "
-                f"namespaces (run as root, or enable them: sysctl user.max_user_namespaces=10000); {NO_FALLBACK}"
+                f"cannot start the sandbox fork server: {reason}. Namespaces are blocked: run the container "
+                "with --security-opt seccomp=unconfined or in a pod that allows them, or use sandbox=\"prime\"; "
+                f"{NO_FALLBACK}"
             )
         self._zygote.stderr.close()
         with self._control_lock:
