@@ -14,8 +14,8 @@ from ptenv.policy_server import serve_in_thread
 from sandbox_util import client, new_box, wait_until  # noqa: F401
 
 CONCURRENCY = 8
-# Threads outlive their cell (each reserves a malloc arena: a 512 MiB sandbox has room for a few).
-BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(4):\n    threading.Thread(target=spin, daemon=True).start()\n"
+# Threads outlive their cell.
+BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
 
 
 @pytest.fixture(scope="module")

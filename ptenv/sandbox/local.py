@@ -96,6 +96,8 @@ def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "OMP_NUM_THREADS": "1",
+        # Each thread would otherwise reserve a 64 MiB malloc arena of the sandbox's address space.
+        "MALLOC_ARENA_MAX": "2",
     }
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
