@@ -7,6 +7,7 @@ import pytest
 from prime_sandboxes import CreateSandboxRequest
 
 from ptenv.sandbox.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
+from ptenv.policy_server import serve_in_thread
 from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.sandbox.protocol import Limits
 
@@ -68,6 +69,14 @@ async def new_box(client: LocalSandboxClient) -> Box:
     sandbox = await client.create(REQUEST)
     uid = int((await client.execute_command(sandbox.id, "id -u", timeout=10)).stdout)
     return Box(client, sandbox.id, uid)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The scripted policy server (reference, null, hostile, ...) on 127.0.0.1."""
+    url, stop = serve_in_thread()
+    yield url
+    stop()
 
 
 @pytest.fixture(scope="module")

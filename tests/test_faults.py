@@ -24,9 +24,9 @@ from prime_sandboxes import CommandResponse, CommandTimeoutError
 import pytorch_env
 from ptenv import proctree
 from ptenv.hostile import REPO
-from ptenv.policy_server import POLICIES, reference_policy, serve_in_thread
+from ptenv.policy_server import POLICIES, reference_policy
 from ptenv.sandbox.commands import MAX_RESULT_REPLY, RESULT_COMMAND
-from sandbox_util import wait_until
+from sandbox_util import server, wait_until  # noqa: F401  (server: a fixture)
 
 sys.path.insert(0, str(REPO / "scripts"))
 import selfcheck  # noqa: E402  (its vf-eval command line, run mark and leftover check)
@@ -43,13 +43,6 @@ def slow_policy(canary: str, task_ids=None):
         return reference_policy(row, messages, tools)
 
     return policy
-
-
-@pytest.fixture(scope="module")
-def server():
-    url, stop = serve_in_thread()
-    yield url
-    stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,11 @@ import verifiers as vf
 
 import pytorch_env
 from ptenv import proctree
-from ptenv.policy_server import serve_in_thread
-from sandbox_util import client, new_box, wait_until  # noqa: F401
+from sandbox_util import client, new_box, server, wait_until  # noqa: F401
 
 CONCURRENCY = 8
 # Threads outlive their cell.
 BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
-
-
-@pytest.fixture(scope="module")
-def server():
-    url, stop = serve_in_thread()
-    yield url
-    stop()
 
 
 def fork_servers() -> list[int]:
