@@ -17,18 +17,11 @@ from prime_sandboxes import CreateSandboxRequest, StartCommand
 
 import pytorch_env
 from fake_prime import FakePrimeService
-from ptenv.policy_server import serve_in_thread
 from ptenv.sandbox import prime
+from sandbox_util import server  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "tensor_ops/transpose_dims"
-
-
-@pytest.fixture(scope="module")
-def policy_url():
-    url, stop = serve_in_thread()
-    yield url
-    stop()
 
 
 @pytest.fixture
@@ -59,8 +52,8 @@ def unpack(archive: str) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
 
 
-def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service, policy_url):
-    state = rollout(policy_url, "reference")
+def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service, server):
+    state = rollout(server, "reference")
     assert state["reward"] == 1.0, state["verdict"]
     assert state["scoring_error"] is None
 
@@ -87,16 +80,16 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     assert not service.containers, "the sandbox was deleted"
 
 
-def test_the_null_policy_scores_zero_without_a_scoring_error(service, policy_url):
-    state = rollout(policy_url, "null")
+def test_the_null_policy_scores_zero_without_a_scoring_error(service, server):
+    state = rollout(server, "null")
     assert state["reward"] == 0.0 and state["scoring_error"] is None
     assert service.steps()[-2:] == ["result", "delete"]
 
 
 @pytest.mark.parametrize("step", ["create", "wait_for_creation", "preload", "exec", "result"])
-def test_a_failure_at_each_step_scores_zero_with_a_scoring_error_and_deletes_the_sandbox(service, policy_url, step):
+def test_a_failure_at_each_step_scores_zero_with_a_scoring_error_and_deletes_the_sandbox(service, server, step):
     service.fail[step] = RuntimeError(f"injected failure at {step}")
-    state = rollout(policy_url, "reference")
+    state = rollout(server, "reference")
     assert state["reward"] == 0.0
     assert f"injected failure at {step}" in state["scoring_error"], state["scoring_error"]
     created = "create" in service.steps() and step != "create"
@@ -104,9 +97,9 @@ def test_a_failure_at_each_step_scores_zero_with_a_scoring_error_and_deletes_the
     assert not service.containers
 
 
-def test_a_container_whose_torch_install_fails_ends_the_same_way(service, policy_url):
+def test_a_container_whose_torch_install_fails_ends_the_same_way(service, server):
     service.pip_exit_code = 1
-    state = rollout(policy_url, "reference")
+    state = rollout(server, "reference")
     assert state["reward"] == 0.0
     assert "not running" in state["scoring_error"], state["scoring_error"]
     assert service.steps()[-1] == "delete" and not service.containers
