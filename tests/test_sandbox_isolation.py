@@ -224,6 +224,7 @@ def test_a_machine_that_cannot_isolate_is_one_clear_line(monkeypatch, tmp_path):
         _create_one(LocalSandboxClient())
     message = str(caught.value)
     assert "Creating new namespace failed" in message and "namespaces" in message and "\n" not in message
+    assert all(option in message for option in ("--security-opt seccomp=unconfined", "a pod", 'sandbox="prime"'))
 
 
 def _create_one(client: LocalSandboxClient) -> None:

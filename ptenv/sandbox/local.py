@@ -452,7 +452,7 @@ class LocalSandboxClient:
             lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
             reason = lines[-1].strip() if lines else f"it exited with code {self._zygote.returncode}"
             raise SandboxUnavailableError(
-                f"cannot start the sandbox fork server: {reason}. Namespaces are blocked: run the container "
+                f"cannot start the sandbox fork server: {reason}. Linux namespaces are blocked: run the container "
                 "with --security-opt seccomp=unconfined or in a pod that allows them, or use sandbox=\"prime\"; "
                 f"{NO_FALLBACK}"
             )
