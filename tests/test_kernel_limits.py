@@ -1,7 +1,6 @@
 """Limits the kernel enforces per sandbox, tried as a hostile model would: shared memory past the
 memory limit, the host's ptys, the unprivileged kernel surface that seccomp closes."""
 
-import ctypes
 import errno
 import platform
 import threading
@@ -12,7 +11,7 @@ from ptenv.sandbox import cgroups, seccomp
 from ptenv.sandbox.commands import ResultError
 from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.sandbox.protocol import Limits
-from sandbox_util import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401
+from sandbox_util import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401  (box, client: fixtures)
 
 LIMITS = Limits(memory_mb=MEMORY_MB)
 SANDBOX_MB = LIMITS.memory_mb + LIMITS.scratch_mb + LIMITS.shm_mb  # what its cgroup may hold
