@@ -34,11 +34,12 @@ def make_client_dirs(name: str) -> dict[str, str]:
     if os.geteuid() != 0:
         raise Unavailable("making cgroups needs root")
     own = own_cgroups()
+    for controller in CONTROLLERS:
+        if controller not in own or not os.path.isdir(f"{ROOT}/{controller}"):
+            raise Unavailable(f"no cgroup v1 {controller} hierarchy is mounted at {ROOT}/{controller}")
     paths = {}
     try:
         for controller in CONTROLLERS:
-            if controller not in own or not os.path.isdir(f"{ROOT}/{controller}"):
-                raise Unavailable(f"no cgroup v1 {controller} hierarchy is mounted at {ROOT}/{controller}")
             parent = f"{ROOT}/{controller}{own[controller]}".rstrip("/")
             remove_stale(parent)
             os.mkdir(f"{parent}/{name}", 0o700)
@@ -46,9 +47,6 @@ def make_client_dirs(name: str) -> dict[str, str]:
     except OSError as e:
         remove_client_dirs(paths)
         raise Unavailable(f"cannot make a cgroup: {e}") from None
-    except Unavailable:
-        remove_client_dirs(paths)
-        raise
     return paths
 
 

@@ -62,8 +62,7 @@ class Capture:
         return self.head.decode("utf-8", "replace")
 
     def with_notice(self) -> str:
-        cut = self.total - len(self.head)
-        return self.text() + f"\n[... {cut} more bytes cut]" if cut else self.text()
+        return self.text() + f"\n[... {self.cut} more bytes cut]" if self.cut else self.text()
 
     @property
     def cut(self) -> int:
