@@ -92,10 +92,15 @@ def remove_tree(path: str) -> None:
 
 
 def make_sandbox(dir_fds: dict[str, int], name: str, limits) -> dict[str, int]:
-    """Make the sandbox's cgroup, with room for its processes' memory and its two tmpfs; returns controller -> fd of its cgroup.procs (a process joins by
-    writing its own pid there) and "oom" -> fd of memory.oom_control (it counts OOM kills)."""
+    """Make the sandbox's cgroup, or take over an empty one a dead sandbox left (removing a cpu
+    cgroup costs the kernel more CPU than a whole rollout), with room for its processes' memory and
+    its two tmpfs; returns controller -> fd of its cgroup.procs (a process joins by writing its own
+    pid there) and "oom" -> fd of memory.oom_control (it counts OOM kills)."""
     for fd in dir_fds.values():
-        os.mkdir(name, 0o755, dir_fd=fd)
+        try:
+            os.mkdir(name, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
     memory_mb = limits.memory_mb + limits.scratch_mb + limits.shm_mb
     write(dir_fds["memory"], f"{name}/memory.limit_in_bytes", str(memory_mb << 20))
     write(dir_fds["pids"], f"{name}/pids.max", str(limits.processes))
@@ -105,17 +110,13 @@ def make_sandbox(dir_fds: dict[str, int], name: str, limits) -> dict[str, int]:
     return fds
 
 
-def remove_sandbox(dir_fds: dict[str, int], name: str) -> bool:
-    """rmdir the sandbox's cgroup; False while a process of it is still exiting."""
-    done = True
-    for fd in dir_fds.values():
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            done = False
-    return done
+def is_empty(dir_fds: dict[str, int], name: str) -> bool:
+    """Whether every process of a sandbox's cgroup has exited (its processes join all of them)."""
+    fd = os.open(f"{name}/cgroup.procs", os.O_RDONLY, dir_fd=dir_fds["pids"])
+    try:
+        return os.read(fd, 64) == b""
+    finally:
+        os.close(fd)
 
 
 def write(dir_fd: int, path: str, value: str) -> None:

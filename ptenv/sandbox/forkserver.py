@@ -7,7 +7,7 @@
 
 Every control message carries the host's request id, and the reply echoes it. The server never
 blocks on a child: a kill is answered at once, and dead supervisors are reaped (and their cgroups
-removed) as they go, by the same loop that serves the host.
+freed for the next sandbox) as they go, by the same loop that serves the host.
 """
 
 import json
@@ -32,7 +32,9 @@ class ForkServer:
         self.cgroup_dirs = cgroup_dirs  # controller -> directory fd of this client's cgroup; {} for none
         self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         self.live: dict[int, int] = {}  # supervisor pid -> its uid
-        self.unremoved: set[str] = set()  # cgroups of dead sandboxes whose last process is still exiting
+        self.exiting: set[str] = set()  # cgroups of dead sandboxes whose last process is still exiting
+        self.free: list[str] = []  # empty cgroups of dead sandboxes, for new ones
+        self.names: dict[int, str] = {}  # sandbox uid -> its cgroup
 
     def serve(self) -> None:
         self.control.send(json.dumps({"ready": True}).encode())
@@ -61,10 +63,12 @@ class ForkServer:
             return {"error": f"uid {uid} still belongs to a sandbox that is exiting"}
         limits = Limits(**request["limits"])
         try:
-            cgroup = cgroups.make_sandbox(self.cgroup_dirs, f"sandbox-{uid}", limits) if self.cgroup_dirs else None
+            cgroup = cgroups.make_sandbox(self.cgroup_dirs, self.cgroup_name(uid), limits) if self.cgroup_dirs else None
             check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
             pid = os.fork()
         except OSError as e:
+            if uid in self.names:
+                self.free.append(self.names.pop(uid))
             return {"error": f"cannot create the sandbox: {e}"}
         if pid == 0:
             os.close(self.control.detach())
@@ -90,8 +94,14 @@ class ForkServer:
         for pid, _ in exited_children():
             uid = self.live.pop(pid, None)
             if uid is not None and self.cgroup_dirs:
-                self.unremoved.add(f"sandbox-{uid}")
-        self.unremoved = {name for name in self.unremoved if not cgroups.remove_sandbox(self.cgroup_dirs, name)}
+                self.exiting.add(self.names.pop(uid))
+        empty = {name for name in self.exiting if cgroups.is_empty(self.cgroup_dirs, name)}
+        self.free += empty
+        self.exiting -= empty
+
+    def cgroup_name(self, uid: int) -> str:
+        self.names[uid] = self.free.pop() if self.free else f"sandbox-{uid}"
+        return self.names[uid]
 
 
 def start_sandbox(channel_fd: int, limits: Limits, uid: int, model_uid: int, cgroup: dict[str, int] | None) -> None:
