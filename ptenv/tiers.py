@@ -7,12 +7,13 @@ families appear in the test split only. The basic tier's default train set is th
 
 from ptenv.families import BasicFamily, Instance, canonical_instance
 from ptenv.tasks import TASKS
-from ptenv import tasks_advanced, tasks_intermediate
+from ptenv import tasks_advanced, tasks_expert, tasks_intermediate
 
 TIERS = {
     "basic": [BasicFamily(task) for task in TASKS],
     "intermediate": tasks_intermediate.FAMILIES,
     "advanced": tasks_advanced.FAMILIES,
+    "expert": tasks_expert.FAMILIES,
 }
 SPLITS = ("train", "test")
 DEFAULT_PER_FAMILY = {"train": 10, "test": 5}  # the default set of a generated tier
