@@ -31,13 +31,14 @@ def test_load_environment_serves_the_held_out_split_as_the_eval_dataset():
         assert env.eval_dataset is None
     finally:
         env.sandbox_client.teardown()
-    env = pytorch_env.load_environment(tiers=["intermediate", "advanced"], num_train_examples=6, num_eval_examples=4, seed=2)
+    env = pytorch_env.load_environment(tiers=["intermediate", "advanced", "expert"], num_train_examples=6,
+                                       num_eval_examples=4, seed=2)
     try:
         train = [json.loads(r["info"]) for r in env.get_dataset()]
         test = [json.loads(r["info"]) for r in env.get_eval_dataset()]
         assert len(train) == 6 and len(test) == 4
         assert {i["seed"] % 2 for i in train} == {0} and {i["seed"] % 2 for i in test} == {1}
-        assert all(i["task_id"] == f"{i['family']}@{i['seed']}" and i["tier"] in ("intermediate", "advanced")
+        assert all(i["task_id"] == f"{i['family']}@{i['seed']}" and i["tier"] in ("intermediate", "advanced", "expert")
                    for i in train + test)
         assert {i["task_id"] for i in train + test} <= set(env.tasks)  # the host holds both splits' answers
     finally:

@@ -124,6 +124,10 @@ def test_default_sets_and_explicit_sizes():
         assert len(ids([tier], "test", -1)) == tiers.DEFAULT_PER_FAMILY["test"] * len(members)
     seven = ids(["intermediate", "advanced"], "train", 7)
     assert len(seven) == 7 and seven[0] == f"{tiers.TIERS['intermediate'][0].id}@0"
+    assert list(tiers.TIERS) == ["basic", "intermediate", "advanced", "expert"]
+    expert = tiers.TIERS["expert"]  # the hardest tier: at least 14 families, 2 of them held out
+    assert len(expert) >= 14 and sum(f.held_out for f in expert) == 2
+    assert (len(ids(["expert"], "train", -1)), len(ids(["expert"], "test", -1))) == (10 * (len(expert) - 2), 5 * len(expert))
 
 
 def test_defaults_load_the_bundled_canonical_rows():
@@ -132,22 +136,24 @@ def test_defaults_load_the_bundled_canonical_rows():
     assert all(r.provenance() == {"tier": "basic", "family": r.task_id, "seed": None} for r in rows)
 
 
-def test_generated_rows_carry_provenance_and_round_trip_through_the_strict_parser():
-    (instance,) = tiers.select(["advanced"], "test", 1, 3)
+@pytest.mark.parametrize("tier", ["advanced", "expert"])
+def test_generated_rows_carry_provenance_and_round_trip_through_the_strict_parser(tier):
+    (instance,) = tiers.select([tier], "test", 1, 3)
     row = instance.row()
     info = row["info"]
-    assert (info["tier"], info["family"], info["seed"]) == ("advanced", instance.family, 3_000_001)
+    assert (info["tier"], info["family"], info["seed"]) == (tier, instance.family, 3_000_001)
     assert info["task_id"] == f"{instance.family}@3000001" and TASK_ID.fullmatch(info["task_id"])
     parsed = parse_row(json.loads(json.dumps(row)), "row")
-    assert parsed.provenance() == {"tier": "advanced", "family": instance.family, "seed": 3_000_001}
+    assert parsed.provenance() == {"tier": tier, "family": instance.family, "seed": 3_000_001}
     broken = {**row, "info": {**info, "seed": "3"}}
     with pytest.raises(ValueError, match=r"^row: info: tier and family must be strings and seed an integer or null$"):
         parse_row(broken, "row")
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"tiers": "expert"}, "tiers must be one of 'basic', 'intermediate', 'advanced' or a list of them, got 'expert'"),
-    ({"tiers": ["basic", "basic"]}, "tiers must be one of 'basic', 'intermediate', 'advanced' or a list of them"),
+    ({"tiers": "master"}, "tiers must be one of 'basic', 'intermediate', 'advanced', 'expert' or a list of them, "
+                          "got 'master'"),
+    ({"tiers": ["basic", "basic"]}, "tiers must be one of 'basic', 'intermediate', 'advanced', 'expert' or a list of them"),
     ({"split": "validation"}, "split must be 'train' or 'test', got 'validation'"),
     ({"num_examples": 0}, "num_train_examples must be -1 (the default set) or an integer from 1 to 100000, got 0"),
     ({"num_examples": 2.5}, "num_train_examples must be -1 (the default set) or an integer from 1 to 100000, got 2.5"),
@@ -247,6 +253,61 @@ NEAR_MISSES = {
         "    h = z * torch.tanh(in_ + r * hn) + (1 - z) * h\n"
         "    outs.append(h)\n"
         "result = torch.stack(outs)\n",
+    # expert: the convention for unequal micro-batches, an IoU exactly at the threshold, float32 sums about a
+    # large offset, exp(-rate * lo) underflowing even in float64, and the kv-head grouping.
+    "optim/accumulated_adamw_clip_schedule":
+        "import math\n"
+        "W, b = torch.nn.Parameter(W.clone()), torch.nn.Parameter(b.clone())\n"
+        "opt = torch.optim.AdamW([{'params': [W], 'weight_decay': $wd}, {'params': [b], 'weight_decay': 0.0}],\n"
+        "                        lr=$lr, betas=($beta1, $beta2), eps=$eps)\n"
+        "for t in range($steps):\n"
+        "    lr_t = $lr * (t + 1) / $warmup if t < $warmup else "
+        "$lr_min + 0.5 * ($lr - $lr_min) * (1 + math.cos(math.pi * (t - $warmup) / ($steps - $warmup)))\n"
+        "    for group in opt.param_groups:\n        group['lr'] = lr_t\n"
+        "    opt.zero_grad()\n"
+        "    ((X[t] @ W.T + b - Y[t]) ** 2).mean().backward()\n"
+        "    torch.nn.utils.clip_grad_norm_([W, b], $max_norm)\n"
+        "    opt.step()\n"
+        "result = torch.cat([W.detach().flatten(), b.detach()])\n",
+    "tensor_ops/class_aware_nms":
+        "x1, y1, x2, y2 = boxes.unbind(1)\n"
+        "area = (x2 - x1) * (y2 - y1)\n"
+        "iw = (torch.minimum(x2[:, None], x2[None]) - torch.maximum(x1[:, None], x1[None])).clamp(min=0)\n"
+        "ih = (torch.minimum(y2[:, None], y2[None]) - torch.maximum(y1[:, None], y1[None])).clamp(min=0)\n"
+        "iou = iw * ih / (area[:, None] + area[None] - iw * ih)\n"
+        "suppress = (iou >= $thr) & (classes[:, None] == classes[None])\n"
+        "alive, kept = torch.ones(len(scores), dtype=torch.bool), []\n"
+        "for i in torch.sort(-scores, stable=True).indices.tolist():\n"
+        "    if alive[i]:\n        kept.append(i)\n        alive &= ~suppress[i]\n"
+        "result = torch.tensor(kept)\n",
+    "tensor_ops/segment_weighted_variance":
+        "W1 = torch.zeros($s).index_add(0, seg, w)\n"
+        "W2 = torch.zeros($s).index_add(0, seg, w ** 2)\n"
+        "count = torch.zeros($s).index_add(0, seg, torch.ones_like(w))\n"
+        "mean = torch.zeros($s).index_add(0, seg, w * x) / W1.clamp(min=1e-30)\n"
+        "ss = torch.zeros($s).index_add(0, seg, w * (x - mean[seg]) ** 2)\n"
+        "result = torch.where(count > 1, ss / torch.where(count > 1, W1 - W2 / W1, 1.0), 0.0)\n",
+    "losses/censored_exponential_nll":
+        "rate, l, h = eta.double().exp(), lo.double(), hi.double()\n"
+        "interval = -torch.log(torch.exp(-rate * l) - torch.exp(-rate * h))\n"
+        "result = torch.where(kind == 0, rate * l - eta, torch.where(kind == 1, rate * l, interval)).float()\n",
+    "nn_modules/gqa_rope_kv_cache":
+        "B, T, E = x.shape\n"
+        "P = k_cache.shape[2]\n"
+        "def rope(t):\n"
+        "    angle = torch.arange(P, P + T)[:, None] * $base ** (-2 * torch.arange($half) / $dh)\n"
+        "    a, c = t[..., :$half], t[..., $half:]\n"
+        "    return torch.cat([a * angle.cos() - c * angle.sin(), a * angle.sin() + c * angle.cos()], -1)\n"
+        "heads = lambda m, n: (x @ m.T).reshape(B, T, n, $dh).transpose(1, 2)\n"
+        "q, k, v = rope(heads(wq, $hq)), rope(heads(wk, $hkv)), heads(wv, $hkv)\n"
+        "keys = torch.cat([k_cache, k], 2).repeat(1, $group, 1, 1)\n"
+        "values = torch.cat([v_cache, v], 2).repeat(1, $group, 1, 1)\n"
+        "scores = q @ keys.transpose(-1, -2) / $dh ** 0.5\n"
+        "cache_ok = (torch.arange(P)[None, :] >= pad[:, None])[:, None, :].expand(B, T, P)\n"
+        "causal = torch.ones(T, T, dtype=torch.bool).tril()[None].expand(B, T, T)\n"
+        "allowed = torch.cat([cache_ok, causal], -1)[:, None]\n"
+        "weights = torch.softmax(scores.masked_fill(~allowed, float('-inf')), -1)\n"
+        "result = (weights @ values).transpose(1, 2).reshape(B, T, $hq * $dh) @ wo.T\n",
 }
 
 

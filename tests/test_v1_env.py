@@ -217,8 +217,8 @@ def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():
     rows = [task.row() for task in tasks]
     assert [r.task_id for r in rows] == [i.id for i in select(["advanced"], "test", 3, 5)]
     assert all(r.tier == "advanced" and r.seed % 2 == 1 and r.task_id == f"{r.family}@{r.seed}" for r in rows)
-    with pytest.raises(ValueError, match=r"^tiers must be one of 'basic', 'intermediate', 'advanced'"):
-        list(PyTorchTaskset(PyTorchTasksetConfig(tiers="expert")))
+    with pytest.raises(ValueError, match=r"^tiers must be one of 'basic', 'intermediate', 'advanced', 'expert'"):
+        list(PyTorchTaskset(PyTorchTasksetConfig(tiers="master")))
 
 
 def test_vf_eval_reference_policy_scores_generated_test_rows(tmp_path):
