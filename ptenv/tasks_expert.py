@@ -293,7 +293,7 @@ FAMILIES = [
            "Train the linear model `pred = X[s] @ W.T + b` for $steps optimiser steps s = 0, 1, ..., $steps - 1; "
            "step s uses the batch `X[s]`, `Y[s]` only. Gradient accumulation: the batch's rows are split, in "
            "order, into $count micro-batches of $sizes_text rows; each micro-batch's loss is the mean of "
-           "`(pred - y) ** 2` over all of its elements (rows x outputs), divided by $count (the number of "
+           "`(pred - Y[s]) ** 2` over all of its elements (its rows x outputs), divided by $count (the number of "
            "micro-batches), and the gradients of these losses are summed. Clipping: let `n` be the Euclidean "
            "norm of all the accumulated gradient entries of `W` and `b` together and `c = $max_norm / (n + 1e-6)`; "
            "if `c < 1`, multiply both gradients by `c`. Learning rate of step s: `$lr * (s + 1) / $warmup` while "
@@ -376,7 +376,8 @@ FAMILIES = [
            "    out.append(-torch.logsumexp(torch.stack(alpha[-2:] if len(ext) > 1 else alpha[-1:]), 0))\n"
            "result = torch.stack(out)\n"),
     Family("tensor_ops/viterbi_ties_and_padding",
-           "Viterbi decoding of each sequence `b` over S states, using only its first `lengths[b]` steps. With "
+           "Viterbi decoding of each sequence `b` over the S states (S = `trans.shape[0]`; all scores are whole "
+           "numbers, so sums are exact), using only its first `lengths[b]` steps. With "
            "`delta[0][j] = start[b, j] + emit[b, 0, j]`, for each later step t: "
            "`delta[t][j] = max over i of (delta[t-1][i] + trans[i, j]) + emit[b, t, j]` (`trans[i, j]` scores "
            "moving from state i to state j), and the back-pointer of (t, j) is the smallest i that attains that "
@@ -541,7 +542,8 @@ FAMILIES = [
            "P = k_cache.shape[2]\n"
            "def rope(t):\n"
            "    angle = torch.arange(P, P + T).double()[:, None] * $base ** (-torch.arange(0, $dh, 2).double() / $dh)\n"
-           "    z = torch.complex(t[..., :$half].double(), t[..., $half:].double()) * torch.polar(torch.ones_like(angle), angle)\n"
+           "    z = torch.complex(t[..., :$half].double(), t[..., $half:].double())\n"
+           "    z = z * torch.polar(torch.ones_like(angle), angle)\n"
            "    return torch.cat([z.real, z.imag], -1).to(t.dtype)\n"
            "q = rope((x @ wq.T).view(B, T, $hq, $dh).permute(0, 2, 1, 3))\n"
            "k = rope((x @ wk.T).view(B, T, $hkv, $dh).permute(0, 2, 1, 3))\n"
@@ -666,7 +668,8 @@ FAMILIES = [
            "(density `rate * exp(-rate * t)` for t >= 0), by the kind of observation: `kind[i] == 0`, the event "
            "happened at time `lo[i]` (use the density there); `kind[i] == 1`, the event had not happened by time "
            "`lo[i]`; `kind[i] == 2`, the event happened in the interval from `lo[i]` to `hi[i]` (use the "
-           "probability of that interval; `hi` plays no part in the other kinds). `result[i]` is minus the natural log of that likelihood, and must be "
+           "probability of that interval; `hi` plays no part in the other kinds). `result[i]` is minus the "
+           "natural log of that likelihood, and must be "
            "within a relative error of 1e-5 of its exact value for the given float32 inputs, on every row.",
            _censored,
            "import math\n"
@@ -692,7 +695,7 @@ FAMILIES = [
            "the first token `t` has `start[b, t]`, and a token `t` after the token `a` has `logp[b, a, t]`. The beam "
            "starts as the single empty hypothesis (s = 0). At each of at most $L steps: extend every hypothesis in "
            "the beam by every token; rank all these candidates by decreasing `s` and take the first $k; those of "
-           "them that end in $eos are finished (they leave the beam), and the others form the next beam; stop "
+           "them that end in the end token are finished (they leave the beam), and the others form the next beam; stop "
            "early if the beam is empty. Then every finished hypothesis and every hypothesis left in the beam gets "
            "the score `s / n ** $alpha`, where n is its number of tokens (the end token included). `result[b]` is "
            "the hypothesis with the highest score, its tokens followed by -1 up to length $L.",
@@ -813,10 +816,11 @@ FAMILIES = [
            "Bilinear sampling of `img` (batch, channels, H, W) at the points of `grid` (batch, Ho, Wo, 2), where "
            "`grid[..., 0]` is the horizontal coordinate `gx` and `grid[..., 1]` the vertical `gy`, both normalised "
            "so that the image spans -1 to 1. A point maps to the pixel coordinates `ix = $xmap` (column) and "
-           "`iy = $ymap` (row), where pixel (row r, column c) sits at (r, c). With `c0 = floor(ix)`, "
+           "`iy = $ymap` (row), where pixel `img[n, ch, r, c]` sits at `iy = r`, `ix = c`. With `c0 = floor(ix)`, "
            "`r0 = floor(iy)`, `fx = ix - c0` and `fy = iy - r0`, the sample is "
            "`(1-fy)(1-fx) img[r0, c0] + (1-fy) fx img[r0, c0+1] + fy (1-fx) img[r0+1, c0] + fy fx img[r0+1, c0+1]`, "
-           "where a pixel outside the image counts as 0 (for every channel). `result[n, ch, i, j]` samples channel "
+           "where `img[r, c]` stands for `img[n, ch, r, c]` and a pixel outside the image counts as 0. "
+           "`result[n, ch, i, j]` samples channel "
            "`ch` of image `n` at `grid[n, i, j]`.",
            _grid_sample,
            "result = torch.nn.functional.grid_sample(img, grid, mode='bilinear', padding_mode='zeros', "
@@ -828,7 +832,8 @@ FAMILIES = [
            "c0, r0 = ix.floor(), iy.floor()\n"
            "fx, fy = ix - c0, iy - r0\n"
            "out = torch.zeros(N, C, *grid.shape[1:3], dtype=torch.float64)\n"
-           "for dr, dc, wgt in [(0, 0, (1 - fy) * (1 - fx)), (0, 1, (1 - fy) * fx), (1, 0, fy * (1 - fx)), (1, 1, fy * fx)]:\n"
+           "corners = [(0, 0, (1 - fy) * (1 - fx)), (0, 1, (1 - fy) * fx), (1, 0, fy * (1 - fx)), (1, 1, fy * fx)]\n"
+           "for dr, dc, wgt in corners:\n"
            "    r, c = (r0 + dr).long(), (c0 + dc).long()\n"
            "    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)\n"
            "    for n in range(N):\n"
@@ -837,7 +842,7 @@ FAMILIES = [
            "result = out.float()\n"),
     Family("nn_modules/reflect_grouped_conv2d",
            "A 2-D convolution (cross-correlation: the kernel is not flipped) of `x` (1, C_in, H, W) with `w` "
-           "(C_out, C_in / $groups, kh, kw) and `bias`, in $groups groups (output channel o sees only input "
+           "(C_out, C_in / $groups, kh, kw) and `bias`, with groups = $groups (output channel o sees only input "
            "channels `g * C_in / $groups` to `(g + 1) * C_in / $groups - 1`, where `g = o // (C_out / $groups)`), "
            "stride $sh along rows and $sw along columns, dilation $dil in both directions, after reflection "
            "padding of $pt rows on top, $pb at the bottom, $pl columns on the left and $pr on the right. Reflection "
