@@ -1,6 +1,11 @@
 """Local sandbox benchmark: prints, in one run, the fork server against a fresh interpreter per sandbox.
 
     .venv/bin/python bench/bench_sandbox.py [--quick]
+    .venv/bin/python bench/bench_sandbox.py --rootless-as USER [--quick]   # as root: root vs rootless
+
+With --rootless-as, only ready p50, the empty cell p50 and PSS per idle sandbox are measured, as
+root in this process and then rootless as USER (`scripts/rootless-user` makes ptenv-rootless and
+lets it reach the venv), side by side.
 
 - ready: create -> first execute_code answer (an empty cell), p50 / p99; the fork server with its
   pool refilled between sandboxes and back to back (pool drained), and the naive baseline: a fresh
@@ -14,14 +19,18 @@
 
 import argparse
 import asyncio
+import json
 import os
+import pwd
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from prime_sandboxes import CreateSandboxRequest
 
+from ptenv import proctree
 from ptenv.sandbox.commands import exec_command, parse_exec_reply
 from ptenv.sandbox.local import LocalSandboxClient, sandbox_command
 
@@ -74,32 +83,23 @@ def baseline_times(n: int) -> list[float]:
     return times
 
 
-def pss_kib(uid: int) -> tuple[int, int]:
-    """(total Pss in KiB, number of processes) over the processes running as `uid`."""
-    total = count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def pss_kib(pids: list[int]) -> int:
+    """Total Pss in KiB over the processes `pids`."""
+    total = 0
+    for pid in pids:
         try:
-            with open(f"/proc/{name}/status") as f:
-                real_uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
-            if real_uid != uid:
-                continue
-            with open(f"/proc/{name}/smaps_rollup") as f:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-            count += 1
         except (OSError, StopIteration):
             continue
-    return total, count
+    return total
 
 
 async def pss_mib(client: LocalSandboxClient, sandbox_ids: list[str]) -> tuple[list[float], int]:
-    """PSS of each sandbox, and the most processes one had."""
-    uids = [int((await client.execute_command(i, "id -u", timeout=10)).stdout) for i in sandbox_ids]
+    """PSS of each sandbox (its supervisor and the model's processes), and the most processes one had."""
     await asyncio.sleep(0.5)
-    # The model's processes and its supervisor's (whose uid is one below).
-    measured = [tuple(map(sum, zip(pss_kib(uid), pss_kib(uid - 1)))) for uid in uids]
-    return [kib / 1024 for kib, _ in measured], max(count for _, count in measured)
+    trees = [proctree.sandbox_processes(proctree.supervisor_of(client, i)) for i in sandbox_ids]
+    return [pss_kib(pids) / 1024 for pids in trees], max(map(len, trees))
 
 
 async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int]:
@@ -165,6 +165,43 @@ async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
     return alone, loaded
 
 
+async def basics(quick: bool) -> dict:
+    """Ready p50 (pool refilled), empty cell p50 and mean PSS per idle sandbox, in this process's mode."""
+    client = LocalSandboxClient()
+    try:
+        first = await client.create(REQUEST)
+        await empty_cell(client, first.id)
+        cells = []
+        for _ in range(100 if quick else 300):
+            t = time.perf_counter()
+            await empty_cell(client, first.id)
+            cells.append(time.perf_counter() - t)
+        await client.delete(first.id)
+        ready = await ready_times(client, 20 if quick else 60, pause=0.1)
+        pss, _ = await idle_pss(client, 16)
+        return {"mode": client.isolation_mode, "ready": pct(ready, 0.5), "cell": pct(cells, 0.5),
+                "pss": statistics.mean(pss)}
+    finally:
+        client.teardown()
+
+
+def compare_modes(user: str, quick: bool) -> None:
+    root = asyncio.run(basics(quick))
+    with tempfile.TemporaryDirectory() as home:
+        os.chown(home, pwd.getpwnam(user).pw_uid, -1)
+        argv = ["runuser", "-u", user, "--", "env", f"HOME={home}", sys.executable, __file__, "--basics"]
+        done = subprocess.run(argv + ["--quick"] * quick, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"the rootless run as {user} failed:\n{done.stderr[-2000:]}")
+    rootless = json.loads(done.stdout.splitlines()[-1])
+    print(f"root     : {root['mode']}\nrootless : {rootless['mode']}\n")
+    print(f"{'':22} {'root':>10} {'rootless':>10} {'ratio':>7}   (target <= 1.5x)")
+    for key, label, unit, scale in (("ready", "ready p50", "ms", 1e3), ("cell", "empty cell p50", "ms", 1e3),
+                                    ("pss", "PSS per idle sandbox", "MiB", 1)):
+        a, b = root[key] * scale, rootless[key] * scale
+        print(f"{label:22} {a:7.1f} {unit:3}{b:7.1f} {unit:3}{b / a:6.2f}x")
+
+
 async def main(quick: bool) -> None:
     n_ready, n_base, n_cells = (30, 3, 200) if quick else (100, 5, 500)
     client = LocalSandboxClient()
@@ -210,4 +247,12 @@ async def main(quick: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples")
-    asyncio.run(main(parser.parse_args().quick))
+    parser.add_argument("--rootless-as", metavar="USER", help="as root: compare root and rootless, the latter as USER")
+    parser.add_argument("--basics", action="store_true", help=argparse.SUPPRESS)  # the rootless half, as JSON
+    args = parser.parse_args()
+    if args.basics:
+        print(json.dumps(asyncio.run(basics(args.quick))))
+    elif args.rootless_as:
+        compare_modes(args.rootless_as, args.quick)
+    else:
+        asyncio.run(main(args.quick))

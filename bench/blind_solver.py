@@ -3,7 +3,7 @@ task's inputs in a sandbox, but never the reference, the expected output or a gr
 final answer per task. Grading happens afterwards, with the environment's own sandbox and grader.
 
     .venv/bin/python bench/blind_solver.py prompts DIR --per-tier 20   # DIR/prompts/<key>.md
-    .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs
+    .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs (4 times at most)
     .venv/bin/python bench/blind_solver.py grade DIR                    # DIR/answers/<key>.py
 """
 
@@ -23,7 +23,8 @@ from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.tiers import TIERS, select
 
 REQUEST = CreateSandboxRequest(name="blind-solver", docker_image="local")
-TIMEOUT = 60
+TIMEOUT = 30  # the environment's cell limit (transports.CELL_TIMEOUT)
+TRIES = 4  # runs on a task's inputs before the final answer: the environment's 5 turns in all
 
 
 def sample(per_tier: int, seed: int) -> dict[str, dict]:
@@ -69,8 +70,19 @@ async def run(task: dict, code: str, grade: bool):
 
 
 def try_code(out: Path, key: str, code_file: Path) -> None:
-    reply, _ = asyncio.run(run(load(out)[key], code_file.read_text(), grade=False))
+    """Run code on a task's inputs, at most TRIES times per task: with the final answer, the
+    environment's max_turns (5) tool calls."""
+    tasks, counts_file = load(out), out.with_name(out.name + ".tries.json")
+    counts = json.loads(counts_file.read_text()) if counts_file.exists() else {}
+    if key not in tasks:
+        sys.exit(f"no task {key!r}")
+    if counts.get(key, 0) >= TRIES:
+        sys.exit(f"{key}: all {TRIES} tries are used; write the final answer")
+    counts[key] = counts.get(key, 0) + 1
+    counts_file.write_text(json.dumps(counts))
+    reply, _ = asyncio.run(run(tasks[key], code_file.read_text(), grade=False))
     print(reply)
+    print(f"[{TRIES - counts[key]} tries left for {key}]")
 
 
 def grade_all(out: Path) -> None:

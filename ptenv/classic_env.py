@@ -43,6 +43,11 @@ class PyTorchEnv(SandboxEnv):
             raise vf.SandboxError(f"could not start the session: {session.one_line(e)}") from e
         return state
 
+    async def bash(self, command: str, sandbox_id: str, sandbox_state, working_dir: str | None = None) -> str:
+        """Execute `command` inside persistent sandbox container."""
+        command, working_dir = self.transport.model_shell(command, working_dir, self.timeout_per_command_seconds)
+        return await super().bash(command, sandbox_id, sandbox_state, working_dir)
+
     async def execute_code(self, code: str, sandbox_id: str, sandbox_state) -> str:
         """Run Python code in the persistent session. `torch` is imported, the task's input
         tensors are preloaded by name, and variables (including `result`) persist between calls.

@@ -1,5 +1,5 @@
 """Which processes a run started, and which of them still live: the leftover checks of the fault
-tests and the soak. A process is named by (pid, start time), so a reused pid is not mistaken for it.
+tests and the soak, and a local sandbox's processes as host pids (tests, bench_sandbox). A process is named by (pid, start time), so a reused pid is not mistaken for it.
 """
 
 import os
@@ -65,3 +65,31 @@ def supervisor(pid: int) -> int | None:
         if nspid[-1] == "1" and len(nspid) > 1:
             return int(name)
     return None
+
+
+def nspids(pid: int) -> list[str]:
+    """The pid of a process in each pid namespace it is in, outermost first ([] once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+    except OSError:
+        return []
+
+
+def supervisor_of(client, sandbox_id: str) -> tuple[int, int]:
+    """(host pid, start time) of a sandbox's supervisor: the fork server's child that the fork
+    server knows by the sandbox's pid. Read from /proc/*/status and stat, which any user may read
+    (rootless, every sandbox process has the host user's uid)."""
+    fork_server_pid = str(client._boxes[sandbox_id].pid)
+    for pid, start in tree([client._zygote.pid]).items():
+        if nspids(pid)[1:] == [fork_server_pid, "1"]:
+            return pid, start
+    raise LookupError(f"no supervisor for {sandbox_id}")
+
+
+def sandbox_processes(supervisor: tuple[int, int]) -> list[int]:
+    """A sandbox's live (non-zombie) processes: its supervisor and what runs under it."""
+    if not survivors(dict([supervisor])):
+        return []  # everything else in its pid namespace died with it
+    others = survivors(tree([supervisor[0]]))
+    return [supervisor[0]] + [pid for pid in others if pid != supervisor[0]]

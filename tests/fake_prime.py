@@ -1,8 +1,9 @@
 """A stand-in for Prime's sandbox service at the SDK boundary (prime_sandboxes.AsyncSandboxClient),
 which cannot be reached from here. It records every call and payload, and plays each sandbox as a
 "container" on this machine: bubblewrap gives it its own /opt, /run, /usr/local/bin and /tmp over
-a read-only view of the host (whose Python has torch, as the image will once pip installed it), the
-request's start command runs there for real, and each execute_command runs `sh -c` in it. Only
+a read-only view of the host (whose Python has torch, as the image will once pip installed it), with
+Docker's default capabilities, the request's start command runs there for real, as root, and each
+execute_command runs `sh -c` in it. Only
 `pip` is a stand-in, since there is no network: it records its arguments.
 """
 
@@ -21,6 +22,9 @@ from prime_sandboxes import CommandResponse, CommandTimeoutError, SandboxNotRunn
 
 PIP_STANDIN = '#!/bin/sh\necho "$@" >> /tmp/pip-calls\nexit {code}\n'
 MOUNTS = {"opt": "/opt", "run": "/run", "bin": "/usr/local/bin", "tmp": "/tmp"}
+# What a process running as root in a Docker container may do by default (no ptrace, no mounts).
+DOCKER_CAPS = ("CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID", "SETFCAP",
+               "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE")
 
 
 class Container:
@@ -28,6 +32,7 @@ class Container:
         self.root = Path(tempfile.mkdtemp(prefix="fake-prime-"))
         for name in MOUNTS:
             (self.root / name).mkdir()
+        (self.root / "tmp").chmod(0o1777)  # as in the image
         pip = self.root / "bin" / "pip"
         pip.write_text(PIP_STANDIN.format(code=pip_exit_code))
         pip.chmod(0o755)
@@ -38,7 +43,9 @@ class Container:
 
     def argv(self, command: list[str]) -> list[str]:
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                "--die-with-parent", "--clearenv"]
+                "--die-with-parent", "--clearenv", "--cap-drop", "ALL"]
+        for cap in DOCKER_CAPS:
+            args += ["--cap-add", f"CAP_{cap}"]
         for name, target in MOUNTS.items():
             args += ["--bind", str(self.root / name), target]
         # The venv stands in for the image's Python with torch; keep it visible if it lives under /tmp.

@@ -1,11 +1,11 @@
 """Shared pieces of the sandbox tests: a client per test module, a sandbox per test, helpers."""
 
-import os
 import time
 
 import pytest
 from prime_sandboxes import CreateSandboxRequest
 
+from ptenv.proctree import sandbox_processes, supervisor_of
 from ptenv.sandbox.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
 from ptenv.policy_server import serve_in_thread
 from ptenv.sandbox.local import LocalSandboxClient
@@ -15,22 +15,6 @@ REQUEST = CreateSandboxRequest(name="test", docker_image="local")
 CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
 SHORT = 2.0
 MEMORY_MB = 512
-
-
-def host_processes(uid: int) -> list[int]:
-    """Pids of the host's live (non-zombie) processes whose real uid is `uid`."""
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        if int(fields["Uid"].split()[0]) == uid and not fields["State"].strip().startswith("Z"):
-            pids.append(int(name))
-    return pids
 
 
 def wait_until(predicate, timeout: float = 5.0) -> bool:
@@ -45,8 +29,9 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
 class Box:
     """One sandbox with shortcuts for the three kinds of command."""
 
-    def __init__(self, client: LocalSandboxClient, sandbox_id: str, uid: int):
-        self.client, self.id, self.uid = client, sandbox_id, uid  # the model's uid; its supervisor's is uid - 1
+    def __init__(self, client: LocalSandboxClient, sandbox_id: str):
+        self.client, self.id = client, sandbox_id
+        self.supervisor = supervisor_of(client, sandbox_id)  # (host pid, start time)
 
     async def cell(self, code: str, timeout: float | None = None):
         """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
@@ -61,14 +46,12 @@ class Box:
         return parse_result_reply((await self.client.execute_command(self.id, RESULT_COMMAND)).stdout)
 
     def processes(self) -> list[int]:
-        """Its supervisor's and the model's processes."""
-        return host_processes(self.uid - 1) + host_processes(self.uid)
+        """Its supervisor's and the model's processes, as host pids (the supervisor first)."""
+        return sandbox_processes(self.supervisor)
 
 
 async def new_box(client: LocalSandboxClient) -> Box:
-    sandbox = await client.create(REQUEST)
-    uid = int((await client.execute_command(sandbox.id, "id -u", timeout=10)).stdout)
-    return Box(client, sandbox.id, uid)
+    return Box(client, (await client.create(REQUEST)).id)
 
 
 @pytest.fixture(scope="module")

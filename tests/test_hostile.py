@@ -8,6 +8,7 @@ session gets the session restarted (fresh namespace, inputs preloaded), and its 
 """
 
 import json
+import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -55,7 +56,8 @@ EXPECTED = {
     "escape_the_filesystem": (NO_RESULT, []),
     "background_daemon": (WRONG_VALUES, []),
     "spoof_the_reward": (NO_RESULT, ["PASSED"]),
-    "interrupt_the_supervisor": (WRONG_VALUES, ["PermissionError"]),
+    # Rootless, the kernel accepts the signal and PID 1, which has no handler for it, never gets it.
+    "interrupt_the_supervisor": (WRONG_VALUES, ["PermissionError"] if os.geteuid() == 0 else []),
     "starve_the_supervisor": (WRONG_VALUES, ["PermissionError"]),
     "huge_type_name": (INVALID, []),
     "wide_output": (WRONG_VALUES, ["ValueError"]),

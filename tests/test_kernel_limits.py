@@ -2,6 +2,7 @@
 memory limit, the host's ptys, the unprivileged kernel surface that seccomp closes."""
 
 import errno
+import os
 import platform
 import threading
 
@@ -59,14 +60,26 @@ class Sampler(threading.Thread):
         self.join()
 
 
+async def test_the_client_has_the_cgroups_this_machine_should_give_it(client, box):
+    # CI says what it set up (.ci/run, scripts/test-rootless): a cgroup lost must fail, not fall back.
+    expected = {"1": "cgroup v1", "0": "no cgroup"}.get(os.environ.get("PTENV_EXPECT_CGROUP", ""), "")
+    assert client.cgroup_mode.startswith(expected), client.cgroup_mode
+    assert client.isolation_mode.startswith("root:" if os.geteuid() == 0 else "rootless:"), client.isolation_mode
+    # The mode load_environment logs (predicted) is the one the fork server got.
+    assert ("no cgroup" in client.isolation_mode) == client.cgroup_mode.startswith("no cgroup")
+
+
 @pytest.mark.parametrize("hog", [MEMFD_HOG, SHM_HOG], ids=["memfd", "sysv shm"])
-async def test_shared_memory_is_stopped_at_the_sandbox_limit(client, box, hog):
-    assert client.cgroup_mode.startswith("cgroup v1"), client.cgroup_mode
+async def test_shared_memory_never_takes_the_host_past_the_sandbox_limit(client, box, hog):
     with Sampler(mem_available_mb) as free:
         reply = await box.cell(hog)
     # 3 GiB asked for; the host gives no more than the sandbox's limit (and a little noise).
     assert free.highest - free.lowest <= SANDBOX_MB + 128, (free.highest, free.lowest)
-    assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    if client.cgroup_mode.startswith("cgroup v1"):  # stopped at the limit
+        assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    else:  # denied
+        error = "PermissionError" if hog == MEMFD_HOG else f"AssertionError: {errno.EPERM}"
+        assert reply.status == "error" and error in reply.stderr, reply
 
 
 async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):

@@ -5,6 +5,7 @@ runs the request's start command and each command for real in a container-like b
 import asyncio
 import base64
 import io
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from prime_sandboxes import CreateSandboxRequest, StartCommand
 
 import pytorch_env
 from fake_prime import FakePrimeService
-from ptenv.sandbox import prime
+from ptenv.sandbox import prime, supervisor
 from sandbox_util import server  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +111,37 @@ def test_the_client_reports_a_missing_session_server_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "ptenv.sandbox.client", "result"], env=env, capture_output=True, text=True)
     assert done.returncode == 111
     assert done.stderr.strip().count("\n") == 0 and "session server is not running" in done.stderr
+
+
+SERVER = "$(pgrep -u 0 -f 'ptenv.sandbox.worker serve')"  # root's: the session is a fork of it
+ATTACKS = {  # what the model's bash tries on the session server, which runs as the container's root
+    f"kill -INT {SERVER}": "Operation not permitted",
+    f"renice -n 19 -p {SERVER}": "Operation not permitted",
+    f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{prime.SESSION_SOCKET}')\"": "PermissionError",
+}
+
+
+def test_in_the_container_the_model_runs_as_its_own_uid_and_cannot_touch_the_session_server(service):
+    env = pytorch_env.load_environment(sandbox="prime")
+    row = next(r for r in env.get_dataset() if TASK in r["info"])
+
+    async def play():
+        state = await env.setup_state({"prompt": [], "completion": [], "info": json.loads(row["info"]),
+                                       "answer": "", "task": "default"})
+        sandbox = (state["sandbox_id"], state["sandbox_state"])
+        try:
+            replies = {command: await env.bash(command, *sandbox) for command in ["id -u", *ATTACKS]}
+            cell = await env.execute_code("import os\nprint(os.getuid())", *sandbox)
+            return replies, cell
+        finally:
+            await env.destroy_sandbox(state)
+
+    replies, cell = asyncio.run(play())
+    assert replies["id -u"] == cell == str(supervisor.CONTAINER_MODEL_UID)
+    for command, refusal in ATTACKS.items():
+        assert refusal in replies[command], (command, replies[command])
+    # Prime ran each of the model's commands as `ptenv-session sh`, never as a bare shell command.
+    shells = [json.loads(base64.b64decode(c[2].split()[2])) for c in service.calls
+              if c[0] == "execute_command" and c[2].startswith("ptenv-session sh ")]
+    assert shells == [{"command": c, "cwd": None, "timeout": env.timeout_per_command_seconds} for c in ["id -u", *ATTACKS]]
+    assert not [c for c in service.steps() if c.startswith("sh: ") and c != f"sh: {prime.READY_COMMAND}"]

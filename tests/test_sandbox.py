@@ -2,12 +2,15 @@
 `result` read back strictly, and the prime_sandboxes-shaped client under SandboxEnv's own code."""
 
 import json
+import logging
+import os
 
 import pytest
 import torch
 from datasets import Dataset
 from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 
+import pytorch_env
 import verifiers as vf
 from ptenv import codec
 from ptenv.sandbox.commands import (
@@ -21,7 +24,7 @@ from ptenv.sandbox.commands import (
 )
 from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.sandbox.protocol import Limits
-from sandbox_util import box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
+from sandbox_util import box, client, new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until  # noqa: F401
 
 
 async def test_variables_models_optimisers_and_grads_persist(box):
@@ -236,9 +239,9 @@ async def test_sandbox_env_runs_unchanged_on_the_local_client():
         sandbox_id, sandbox_state = state["sandbox_id"], state["sandbox_state"]
         assert await env.bash("echo hi; echo err >&2", sandbox_id, sandbox_state) == "hi\nstderr:\nerr"
         assert await env.bash("sleep 5", sandbox_id, sandbox_state) == "Error: Command timed out after 1s"
-        uid = int(await env.bash("id -u", sandbox_id, sandbox_state))
+        supervisor = supervisor_of(env.sandbox_client, sandbox_id)
         await env.destroy_sandbox(state)
-        assert env.active_sandboxes == set() and wait_until(lambda: not host_processes(uid))
+        assert env.active_sandboxes == set() and wait_until(lambda: not sandbox_processes(supervisor))
         with pytest.raises(vf.SandboxError):
             await env.bash("echo hi", sandbox_id, sandbox_state)
     finally:
@@ -249,3 +252,12 @@ async def test_exec_reply_text_for_a_code_string_with_any_characters(box):
     code = "print('ünïcödé \\u2603 \"quotes\" $HOME `ls` \\\\n')"
     assert (await box.cell(code)).stdout == 'ünïcödé ☃ "quotes" $HOME `ls` \\n\n'
     assert exec_command("").split() == ["ptenv-session", "exec"]
+
+
+def test_load_environment_logs_the_sandbox_mode_once(caplog):
+    with caplog.at_level(logging.INFO, logger="verifiers.pytorch_env"):
+        env = pytorch_env.load_environment()
+    lines = [r.getMessage() for r in caplog.records if r.name == "verifiers.pytorch_env"]
+    mode = "root: two host uids per sandbox" if os.geteuid() == 0 else "rootless: one user namespace per sandbox"
+    assert len(lines) == 1 and lines[0].startswith(f"pytorch-env local sandboxes: {mode}"), lines
+    assert lines[0].endswith(env.sandbox_client.isolation_mode)

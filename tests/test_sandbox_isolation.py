@@ -14,7 +14,7 @@ from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 
 from ptenv.sandbox.local import LocalSandboxClient, SandboxUnavailableError
 from ptenv.sandbox.protocol import WORKER_FILES, Limits
-from sandbox_util import MEMORY_MB, SHORT, box, client, host_processes, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
+from sandbox_util import MEMORY_MB, SHORT, box, client, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,8 +87,10 @@ async def test_the_answer_key_and_the_host_are_not_visible(box, tmp_path):
         assert reply.status == "error" and ("No such file" in reply.stderr or "Permission denied" in reply.stderr), path
         assert (await box.sh(f"cat {path} || ls {path}")).exit_code != 0
     # Of the host's home only the path to the Python installation exists (read-only).
-    visible = (await box.cell(f"import os\nprint(sorted(os.listdir({str(home)!r})))")).stdout
-    assert visible.strip() in ("[]", f"[{Path(sys.base_prefix).relative_to(home).parts[0]!r}]")
+    prefix = Path(sys.base_prefix)
+    inside = [prefix.relative_to(home).parts[0]] if prefix.is_relative_to(home) else []
+    reply = await box.cell(f"import os\nprint(sorted(os.listdir({str(home)!r})))")
+    assert reply.stdout.strip() == repr(inside) or (not inside and "No such file" in reply.stderr)
     # Only the worker's files of this package are there; the installed project files are masked.
     assert "ModuleNotFoundError" in (await box.cell("import ptenv.tasks")).stderr
     listing = await box.sh("cd /opt/ptenv && find . -type f | sort")
@@ -132,19 +134,28 @@ async def test_kill_everything_visible_harms_only_the_sandbox(client, box):
 
 
 async def test_the_model_cannot_touch_its_supervisor(box):
-    # The supervisor runs as a uid of its own: no signal, renice, ptrace, prlimit or /proc peek reaches it.
+    # Root: the supervisor runs as a uid of its own. Rootless: the same uid, but PID 1 ignores
+    # signals from inside, hidepid hides it and seccomp keeps per-pid calls to the caller itself.
+    before = _supervisor_settings(box.supervisor[0])
     attempts = {
-        "signal": "os.kill(1, signal.SIGINT)",
         "renice": "os.setpriority(os.PRIO_PROCESS, 1, 19)",
         "scheduler": "os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0))",
+        "affinity": "os.sched_setaffinity(1, {0})",
         "prlimit": "resource.prlimit(1, resource.RLIMIT_NOFILE, (3, 3))",
         "memory": "open('/proc/1/mem', 'rb').read(1)",
         "environ": "open('/proc/1/environ', 'rb').read()",
+        "oom score": "open('/proc/1/oom_score_adj', 'w').write('1000')",
+        "autogroup": "open('/proc/1/autogroup', 'w').write('19')",
     }
     for what, code in attempts.items():
         reply = await box.cell(f"import os, signal, resource\n{code}")
-        assert reply.status == "error" and "PermissionError" in reply.stderr, (what, reply)
-    assert (await box.sh("kill -INT 1; renice -n 19 -p 1")).exit_code != 0
+        assert reply.status == "error" and ("PermissionError" in reply.stderr or "FileNotFoundError" in reply.stderr), (what, reply)
+    for sig in ("INT", "TERM", "KILL", "STOP", "USR1"):
+        await box.sh(f"kill -{sig} 1")
+        await box.cell(f"import os, signal\ntry:\n    os.kill(1, signal.SIG{sig})\nexcept OSError:\n    pass")
+    assert (await box.sh("renice -n 19 -p 1")).exit_code != 0
+    await box.sh("renice -n 19 -u $(id -u)")  # root: the model's own uid only; rootless: denied
+    assert _supervisor_settings(box.supervisor[0]) == before and box.processes()[0] == box.supervisor[0]
     # Its scratch is the model's to break, and breaking it is the model's problem only.
     await box.cell("import os\nos.chmod('/tmp', 0)")
     reply = await box.sh("echo hi")
@@ -153,9 +164,20 @@ async def test_the_model_cannot_touch_its_supervisor(box):
     assert (await box.cell("print(1 + 1)")).stdout == "2\n"
 
 
+def _supervisor_settings(pid: int) -> tuple:
+    """What a model would change to starve or break its supervisor: nice, scheduling policy, CPU
+    affinity, state (running, not stopped) and the open-files limit, as the host sees them."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    with open(f"/proc/{pid}/limits") as f:
+        files = next(line for line in f if line.startswith("Max open files"))
+    return fields[16], fields[38], status["Cpus_allowed_list"].strip(), fields[0] in "RS", files
+
+
 async def test_a_dead_supervisor_is_reported_not_waited_for(box):
-    supervisor = min(box.processes())  # forked before its session
-    os.kill(supervisor, signal.SIGKILL)
+    os.kill(box.supervisor[0], signal.SIGKILL)
     with pytest.raises(SandboxNotRunningError, match="is not running"):
         await box.sh("echo hi")
     assert wait_until(lambda: not box.processes())
@@ -179,7 +201,7 @@ async def test_sandboxes_cannot_see_each_other(client, box):
         assert (await other.sh(f"cat {path}")).exit_code != 0
     ps = await other.sh("ps -e -o pid=,comm=")
     pids = [int(line.split()[0]) for line in ps.stdout.splitlines()]
-    assert pids[0] == 1 and len(pids) <= 4  # its supervisor, its session, the shell and ps
+    assert 1 not in pids and len(pids) <= 3  # its session, the shell and ps; its supervisor is hidden
     assert (await other.sh("cat /proc/1/environ || ls /proc/1/fd")).exit_code != 0  # supervisor: not dumpable
     assert (await other.sh(f"kill -0 {box.processes()[0]}")).exit_code != 0
     assert (await other.cell("import os\nprint(os.getuid() != os.geteuid() or os.getuid() > 0)")).stdout == "True\n"
@@ -245,9 +267,8 @@ HOST_SCRIPT = textwrap.dedent(
     async def main():
         client = LocalSandboxClient()
         ids = [(await client.create(CreateSandboxRequest(name="t", docker_image="local"))).id for _ in range(2)]
-        uids = [int((await client.execute_command(i, "id -u", timeout=10)).stdout) for i in ids]
         await client.execute_command(ids[0], "echo > /tmp/scratch-file", timeout=10)
-        print(json.dumps(uids), flush=True)
+        print(json.dumps(ids), flush=True)
         await asyncio.to_thread(input)
         if os.environ.get("TEARDOWN"):
             client.teardown()
@@ -284,19 +305,18 @@ def test_nothing_outlives_the_host(how):
         [sys.executable, "-c", HOST_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=REPO
     )
     try:
-        uids = json.loads(host.stdout.readline())
+        assert len(json.loads(host.stdout.readline())) == 2
         tree = descendants(host.pid)
-        assert len(tree) >= 2 * 2 + 1 and all(host_processes(uid) for uid in uids)
+        assert len(tree) >= 2 * 2 + 1
         host.stdin.write(b"go\n")
         host.stdin.flush()
         if how == "teardown":
             assert host.stdout.readline() == b"done\n"
         else:
             host.send_signal(getattr(signal, how))
-            host.wait(timeout=20)
+            host.wait(timeout=60)  # generous: a loaded machine
         alive = lambda: [p for p in tree if _state(p) not in ("gone", "Z")]  # noqa: E731
         assert wait_until(lambda: not alive(), timeout=10), f"left running: {alive()}"
-        assert all(not host_processes(uid) for uid in uids)
         assert not list(Path("/tmp").glob("scratch-file"))  # scratch lived in the sandbox's own tmpfs
     finally:
         host.kill()

@@ -5,8 +5,9 @@
     pids    how many processes they may run at once
     cpu     one equal share each: a sandbox that runs many threads slows only itself
 
-cgroup v1 (memory, pids and cpu hierarchies, writable as root) is used where it is mounted. The
-host makes one directory per client under its own cgroup in each hierarchy and hands the fork
+cgroup v1 (memory, pids and cpu hierarchies) is used where it is mounted and the host may write
+under its own cgroup: as root, or as a user the cgroup is delegated to (its directories chowned to
+the user). The host makes one directory per client under its own cgroup in each hierarchy and hands the fork
 server a directory fd of each, so nothing of /sys is mounted into a sandbox; the fork server makes
 a child directory per sandbox and the model's processes join it before they run any model code.
 The supervisor stays outside: an OOM kill can only hit the model's processes.
@@ -27,16 +28,25 @@ class Unavailable(Exception):
 # ---- host side
 
 
-def make_client_dirs(name: str) -> dict[str, str]:
-    """A directory `name` under this process's own cgroup in each v1 hierarchy."""
+def unavailable() -> str | None:
+    """Why this process can make no cgroups of its own (one line), or None when it can."""
     if os.path.exists(f"{ROOT}/cgroup.controllers"):
-        raise Unavailable("this machine has cgroup v2 only, which is not supported yet")
-    if os.geteuid() != 0:
-        raise Unavailable("making cgroups needs root")
+        return "this machine has cgroup v2 only, which is not supported yet"
     own = own_cgroups()
     for controller in CONTROLLERS:
         if controller not in own or not os.path.isdir(f"{ROOT}/{controller}"):
-            raise Unavailable(f"no cgroup v1 {controller} hierarchy is mounted at {ROOT}/{controller}")
+            return f"no cgroup v1 {controller} hierarchy is mounted at {ROOT}/{controller}"
+        if not os.access(f"{ROOT}/{controller}{own[controller]}", os.W_OK):
+            return "this user may not make cgroups under its own: none is delegated to it"
+    return None
+
+
+def make_client_dirs(name: str) -> dict[str, str]:
+    """A directory `name` under this process's own cgroup in each v1 hierarchy."""
+    reason = unavailable()
+    if reason:
+        raise Unavailable(reason)
+    own = own_cgroups()
     paths = {}
     try:
         for controller in CONTROLLERS:

@@ -1,9 +1,9 @@
 """The fork server: imports torch once, then forks one supervisor per sandbox on the host's request.
 
-    bwrap -> fork server (root; imports torch once)
-               -> supervisor (PID 1 of its own pid/mount/net/ipc/uts namespaces; the harness's uid)
-                    -> session   (runs the model's cells; the model's uid)
-                    -> /bin/sh   (one per bash command; the model's uid)
+    bwrap -> fork server (root, or rootless uid 0 of a user namespace; imports torch once)
+               -> supervisor (PID 1 of its own pid/mount/net/ipc/uts namespaces; the harness)
+                    -> session   (runs the model's cells; the model's identity, isolation.py)
+                    -> /bin/sh   (one per bash command; the model's identity)
 
 Every control message carries the host's request id, and the reply echoes it. The server never
 blocks on a child: a kill is answered at once, and dead supervisors are reaped (and their cgroups
@@ -27,9 +27,10 @@ REAP_EVERY = 0.2  # seconds between looks for dead supervisors while no request 
 
 
 class ForkServer:
-    def __init__(self, control: socket.socket, cgroup_dirs: dict[str, int]):
+    def __init__(self, control: socket.socket, cgroup_dirs: dict[str, int], rootless: bool):
         self.control = control
         self.cgroup_dirs = cgroup_dirs  # controller -> directory fd of this client's cgroup; {} for none
+        self.rootless = rootless  # then a sandbox's two uids only name it: isolation.py gives it identities
         self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
         self.live: dict[int, int] = {}  # supervisor pid -> its uid
         self.exiting: set[str] = set()  # cgroups of dead sandboxes whose last process is still exiting
@@ -73,7 +74,7 @@ class ForkServer:
         if pid == 0:
             os.close(self.control.detach())
             try:
-                start_sandbox(channel_fd, limits, uid, model_uid, cgroup)
+                start_sandbox(channel_fd, limits, None if self.rootless else (uid, model_uid), cgroup)
             finally:
                 os._exit(0)
         # Children forked later must land in our own pid namespace again, not in the new one.
@@ -104,13 +105,13 @@ class ForkServer:
         return self.names[uid]
 
 
-def start_sandbox(channel_fd: int, limits: Limits, uid: int, model_uid: int, cgroup: dict[str, int] | None) -> None:
+def start_sandbox(channel_fd: int, limits: Limits, uids: tuple[int, int] | None, cgroup: dict[str, int] | None) -> None:
     """In the freshly forked PID 1 of a local sandbox: isolate, then serve the host's channel."""
     channel = socket.socket(fileno=channel_fd)
     try:
         keep = {channel.fileno(), *(cgroup or {}).values()}
-        isolate_supervisor(limits, uid, model_uid, keep, cgroup=cgroup is not None)
-        supervisor = Supervisor(channel, limits, model_uid, cgroup)
+        model = isolate_supervisor(limits, uids, keep, cgroup=cgroup is not None)
+        supervisor = Supervisor(channel, limits, model, cgroup)
     except BaseException as e:
         send_frame(channel, json.dumps({"error": f"cannot isolate the sandbox: {e}"}).encode())
         raise

@@ -72,7 +72,7 @@ class ControlError(SandboxUnavailableError):
     """The fork server died or stopped answering: it is replaced."""
 
 
-def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
+def sandbox_command(argv: list[str], privileged: bool = False, rootless: bool = False) -> list[str]:
     """`bwrap ... -- argv`: the filesystem and namespaces every sandbox process lives in.
 
     Visible, read-only: /usr (and the /bin, /lib... links into it), a few /etc files, the Python
@@ -101,7 +101,9 @@ def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
     }
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
-    if privileged:  # the fork server needs root's capabilities to build each sandbox's namespaces
+    if rootless:  # uid 0 of a user namespace of our own, mapped to our uid
+        args += ["--unshare-user", "--uid", "0", "--gid", "0"]
+    if privileged:  # the fork server needs root's capabilities (in that namespace) to build each sandbox's
         args += ["--cap-add", "ALL"]
     for name, value in env.items():
         args += ["--setenv", name, value]
@@ -132,7 +134,21 @@ def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
             if path.is_relative_to(host_root) and path.is_file():
                 args += ["--ro-bind", "/dev/null", str(visible_root / path.relative_to(host_root))]
                 break
+    # Read-only: rootless, they belong to the sandbox's uid, and every sandbox of the fork server sees them.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/"]
     return args + ["--chdir", "/tmp", "--", *argv]
+
+
+def isolation_mode() -> str:
+    """How this process's sandboxes will be isolated (README, "The sandbox"), in one line."""
+    reason = cgroups.unavailable()
+    if os.geteuid() == 0:
+        who = "root: two host uids per sandbox"
+    else:
+        who = "rootless: one user namespace per sandbox, the user's uid for all"
+    if reason is None:
+        return f"{who}; cgroup v1 memory, pids and cpu per sandbox"
+    return f"{who}; no cgroup ({reason}): memory polled, memfd and SysV shared memory denied, no CPU share"
 
 
 def installed_project_files() -> list[Path]:
@@ -172,6 +188,7 @@ class LocalSandboxClient:
     def __init__(self, limits: Limits = Limits()):
         self.limits = limits
         self.cgroup_mode = "not started"  # what the kernel enforces per sandbox, once the fork server runs
+        self.isolation_mode = isolation_mode()
         self._boxes: dict[str, _Box] = {}
         self._pool: collections.deque[_Box] = collections.deque()  # idle sandboxes; guarded by _cond
         self._cond = threading.Condition()
@@ -416,19 +433,16 @@ class LocalSandboxClient:
                 self._cond.notify_all()
 
     def _start_zygote(self) -> None:
-        if os.geteuid() != 0:
-            raise SandboxUnavailableError(
-                "the local sandbox must run as root: it mounts each sandbox's private /tmp and gives "
-                f"each sandbox its own unprivileged uids; {NO_FALLBACK}"
-            )
         self._stop_zygote()  # a dead or wedged one, and its control socket
         dir_fds = self._open_cgroup_dirs()
         host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         python = os.path.realpath(sys.executable)  # inside, no venv: site-packages come via PYTHONPATH
-        argv = [python, "-S", "-P", "-m", "ptenv.sandbox.worker", "zygote", str(zygote_end.fileno()), json.dumps(dir_fds)]
+        rootless = os.geteuid() != 0
+        argv = [python, "-S", "-P", "-m", "ptenv.sandbox.worker", "zygote", str(zygote_end.fileno()),
+                json.dumps(dir_fds), "rootless" if rootless else "root"]
         try:
             self._zygote = subprocess.Popen(
-                sandbox_command(argv, privileged=True),
+                sandbox_command(argv, privileged=True, rootless=rootless),
                 pass_fds=[zygote_end.fileno(), *dir_fds.values()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

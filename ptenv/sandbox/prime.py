@@ -4,12 +4,14 @@ Prime's service. Only where the sandbox lives differs; every step is a prime_san
 The container's start command unpacks the worker files (shipped in an environment variable),
 installs the CPU torch wheel of the host's torch version (so the references reproduce), puts the
 `ptenv-session` client on PATH and starts the session server. Setup then waits until the server
-answers; from there on the commands are the ones the local supervisor serves as a built-in.
+answers; from there on the commands are the ones the local supervisor serves as a built-in, and
+the model's own bash commands go through it too (`model_shell`), to run as the model's uid.
 """
 
 import asyncio
 import base64
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -38,6 +40,13 @@ PYTHONPATH=/opt/ptenv exec python3 -m ptenv.sandbox.worker serve {SESSION_SOCKET
 """
 
 READY_COMMAND = f"test -S {SESSION_SOCKET}"
+
+
+def model_shell(command: str, cwd: str | None, timeout: float) -> tuple[str, None]:
+    """The model's bash command as `ptenv-session sh ...`: Prime runs commands as the container's
+    root, the session server runs this one as the model's uid (supervisor.py, `serve`)."""
+    request = json.dumps({"command": command, "cwd": cwd, "timeout": timeout})
+    return f"ptenv-session sh {base64.b64encode(request.encode()).decode()}", None
 
 
 def torch_version() -> str:

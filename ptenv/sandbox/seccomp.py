@@ -1,13 +1,19 @@
-"""The seccomp filter of every sandbox process: a short BPF deny list, written out by hand so the
-sandbox needs no libseccomp. What it denies is kernel surface that no PyTorch task needs and that
-an unprivileged process could otherwise reach: new namespaces, the keyring (whose keys would
-outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mounts and module loading."""
+"""The seccomp filters of the sandbox's processes: short BPF rule lists, written out by hand so the
+sandbox needs no libseccomp.
+
+Every sandbox process has the sandbox filter. What it denies is kernel surface that no PyTorch task
+needs and that an unprivileged process could otherwise reach: new namespaces, the keyring (whose
+keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mounts and module
+loading. Rootless, the model's processes share the supervisor's uid, so they get a second filter
+(MODEL_RULES): the calls that act on another process by pid when the uid matches (priority,
+scheduler, CPU affinity, I/O priority, resource limits) may act on the caller only.
+"""
 
 import ctypes
 import errno
 import platform
 
-from ptenv.sandbox.syscalls import check, libc
+from ptenv.sandbox.syscalls import CLONE_NEWUSER, check, libc
 
 # Syscall numbers by machine; the filter kills a process that calls in through another ABI.
 ARCHES = {
@@ -24,6 +30,8 @@ ARCHES = {
         "name_to_handle_at": 303, "open_by_handle_at": 304, "iopl": 172, "ioperm": 173,
         "modify_ldt": 154, "uselib": 134,
         "clone": 56, "clone3": 435, "memfd_create": 319, "shmget": 29,
+        "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -37,18 +45,37 @@ ARCHES = {
         "acct": 89, "quotactl": 60, "syslog": 116, "personality": 92, "lookup_dcookie": 18,
         "name_to_handle_at": 264, "open_by_handle_at": 265,
         "clone": 220, "clone3": 435, "memfd_create": 279, "shmget": 194,
+        "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+        "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30,
     }),
 }
-SPECIAL = ("clone", "clone3", "memfd_create", "shmget")  # not denied outright
-# Memory that is in no process's PSS: denied where no memory cgroup can count it.
-UNCOUNTED_MEMORY = ("memfd_create", "shmget")
+# A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
+# it is allowed (otherwise EPERM): (argument index, EQUALS or NONE_OF, value), on the low 32 bits.
+EPERM, ENOSYS = "eperm", "enosys"
+EQUALS, NONE_OF = "equals", "none of"
+DENIED = (
+    "unshare", "setns", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "perf_event_open", "userfaultfd", "bpf", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "pidfd_getfd", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "mount",
+    "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree",
+    "mount_setattr", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "personality", "lookup_dcookie",
+    "name_to_handle_at", "open_by_handle_at", "iopl", "ioperm", "modify_ldt", "uselib",
+)
 # clone() flags that make a namespace; clone3 passes its flags in memory, which a filter cannot
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+MODEL_RULES = {
+    "setns": EPERM,
+    "setpriority": ((0, EQUALS, PRIO_PROCESS), (1, EQUALS, 0)),
+    "ioprio_set": ((0, EQUALS, IOPRIO_WHO_PROCESS), (1, EQUALS, 0)),
+    **{name: ((0, EQUALS, 0),) for name in (
+        "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr", "prlimit64")},
+}
 
 LD_W_ABS, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0 = 0, 4, 16
+OFFSET_NR, OFFSET_ARCH, OFFSET_ARGS = 0, 4, 16
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
@@ -60,36 +87,51 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
 
 
-def program(machine: str, deny_uncounted_memory: bool) -> list[tuple[int, int | str, int | str, int]]:
-    """The filter as (code, jump if true, jump if false, k); jumps name a label or skip a count."""
+def sandbox_rules(count_memory: bool, enter_userns: bool) -> dict:
+    """The filter every sandbox process has. Without a memory cgroup nothing could count memfd or
+    SysV shared memory: they are denied. Rootless, the supervisor's children must enter the model's
+    user namespace (MODEL_RULES then deny it)."""
+    rules = {name: EPERM for name in DENIED}
+    rules["clone3"] = ENOSYS
+    rules["clone"] = ((0, NONE_OF, NAMESPACE_FLAGS),)
+    if not count_memory:
+        rules.update(memfd_create=EPERM, shmget=EPERM)
+    if enter_userns:
+        rules["setns"] = ((1, EQUALS, CLONE_NEWUSER),)
+    return rules
+
+
+def program(machine: str, rules: dict) -> list[tuple[int, int, int, int]]:
+    """The filter as (code, jump if true, jump if false, k)."""
     arch, numbers = ARCHES[machine]
-    denied = [nr for name, nr in numbers.items() if name not in SPECIAL]
-    if deny_uncounted_memory:
-        denied += [numbers[name] for name in UNCOUNTED_MEMORY]
     prog = [(LD_W_ABS, 0, 0, OFFSET_ARCH), (JEQ, 1, 0, arch), (RET, 0, 0, RET_KILL_PROCESS), (LD_W_ABS, 0, 0, OFFSET_NR)]
     if machine == "x86_64":
-        prog.append((JGE, "eperm", 0, 0x40000000))  # the x32 ABI's numbers
-    prog += [(JEQ, "eperm", 0, nr) for nr in denied]
-    prog += [
-        (JEQ, "enosys", 0, numbers["clone3"]),
-        (JEQ, 0, "allow", numbers["clone"]),
-        (LD_W_ABS, 0, 0, OFFSET_ARG0),
-        (JSET, "eperm", 0, NAMESPACE_FLAGS),
-    ]
-    labels = {"allow": len(prog), "eperm": len(prog) + 1, "enosys": len(prog) + 2}
-    prog += [(RET, 0, 0, RET_ALLOW), (RET, 0, 0, RET_ERRNO | errno.EPERM), (RET, 0, 0, RET_ERRNO | errno.ENOSYS)]
+        prog.append((JGE, EPERM, 0, 0x40000000))  # the x32 ABI's numbers
+    for name, rule in rules.items():
+        if rule in (EPERM, ENOSYS):
+            prog.append((JEQ, rule, 0, numbers[name]))
+            continue
+        # Another call skips this block with its number still loaded; this one ends in it.
+        prog.append((JEQ, 0, 2 * len(rule) + 1, numbers[name]))
+        for arg, test, value in rule:
+            prog.append((LD_W_ABS, 0, 0, OFFSET_ARGS + 8 * arg))
+            prog.append((JEQ, 0, EPERM, value) if test == EQUALS else (JSET, EPERM, 0, value))
+        prog.append((RET, 0, 0, RET_ALLOW))
+    prog.append((RET, 0, 0, RET_ALLOW))
+    labels = {EPERM: len(prog), ENOSYS: len(prog) + 1}
+    prog += [(RET, 0, 0, RET_ERRNO | errno.EPERM), (RET, 0, 0, RET_ERRNO | errno.ENOSYS)]
     return [
         (code, labels[jt] - i - 1 if isinstance(jt, str) else jt, labels[jf] - i - 1 if isinstance(jf, str) else jf, k)
         for i, (code, jt, jf, k) in enumerate(prog)
     ]
 
 
-def install(deny_uncounted_memory: bool) -> None:
+def install(rules: dict) -> None:
     """Filter this process and everything it starts (needs no_new_privs set first)."""
     machine = platform.machine()
     if machine not in ARCHES:
         raise OSError(f"no seccomp filter for {machine}: known are {sorted(ARCHES)}")
-    prog = program(machine, deny_uncounted_memory)
+    prog = program(machine, rules)
     filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
     fprog = SockFprog(len(prog), filters)
     check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(SECCOMP)")

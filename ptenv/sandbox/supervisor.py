@@ -24,13 +24,14 @@ import time
 
 from ptenv.sandbox import cgroups
 from ptenv.sandbox.children import exited_children
-from ptenv.sandbox.isolation import SCRATCH, become_model, close_fds_except
+from ptenv.sandbox.isolation import SCRATCH, Model, become_model, close_fds_except
+from ptenv.sandbox.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
 from ptenv.sandbox.protocol import MAX_RESULT_REPLY, Limits, cut_middle, one_line, recv_frame, send_frame
 from ptenv.sandbox.session_process import Session
-from ptenv.sandbox.syscalls import PR_SET_DUMPABLE, check, libc
 
 MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
 SESSION_BROKEN = 70
+CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
 BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 
@@ -156,13 +157,13 @@ def invalid(reason: str) -> dict:
 class Supervisor:
     """Serves the commands for one sandbox; owns the session and the shells."""
 
-    def __init__(self, channel: socket.socket, limits: Limits, model_uid: int | None = None,
-                 cgroup: dict[str, int] | None = None):
+    def __init__(self, channel: socket.socket, limits: Limits, model: Model | None,
+                 cgroup: dict[str, int] | None = None, owns_pid_namespace: bool = True):
         self.channel = channel  # its end means the sandbox was deleted
         self.limits = limits
-        self.model_uid = model_uid  # None in a container: the model runs as we do
+        self.model = model  # None in a container we do not run as root in: the model runs as we do
         self.cgroup = cgroup  # fds of the model's cgroup (cgroups.py), or None: we poll memory ourselves
-        self.owns_pid_namespace = model_uid is not None
+        self.owns_pid_namespace = owns_pid_namespace  # False in a container: we are not its PID 1
         self.next_memory_check = 0.0  # set when each command starts
         self.oom_kills = cgroups.oom_kills(cgroup) if cgroup else 0
         cpu = max(1, round(limits.cpu_per_cell_limit * limits.cell_timeout))
@@ -208,10 +209,12 @@ class Supervisor:
                 doc = self.exec_cell(base64.b64decode("".join(args[1:]), validate=True).decode(), limit)
             elif len(args) == 2 and args[0] == "preload":
                 doc = self.preload(base64.b64decode(args[1], validate=True).decode(), limit)
+            elif len(args) == 2 and args[0] == "sh":
+                return self.model_shell(json.loads(base64.b64decode(args[1], validate=True)))
             else:
-                usage = "usage: ptenv-session exec <base64 code> | preload <base64 json> | result"
+                usage = "usage: ptenv-session exec <base64 code> | preload <base64 json> | result | sh <base64 json>"
                 return {"stdout": "", "stderr": usage, "exit_code": 2}
-        except (binascii.Error, UnicodeDecodeError) as e:
+        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
             return {"stdout": "", "stderr": f"ptenv-session: bad argument: {e}", "exit_code": 2}
         return {"stdout": doc, "stderr": "", "exit_code": 0}
 
@@ -246,8 +249,8 @@ class Supervisor:
             cgroups.join(self.cgroup)
             for fd in self.cgroup.values():
                 os.close(fd)
-        if self.model_uid is not None:
-            become_model(self.model_uid)
+        if self.model is not None:
+            become_model(self.model, self.limits)
         resource.setrlimit(resource.RLIMIT_CPU, self.cpu_limit)
         os.chdir(cwd)
 
@@ -398,6 +401,15 @@ class Supervisor:
 
     # -- shell commands
 
+    def model_shell(self, request: dict) -> dict:
+        """`ptenv-session sh`: where the host's commands run with more rights than the model (in a
+        Prime container, as root), the model's shell commands come through here, to run as the model."""
+        timeout = float(request["timeout"])
+        reply = self.shell(str(request["command"]), str(request["cwd"] or SCRATCH), timeout)
+        if reply.get("timed_out"):
+            return {"stdout": "", "stderr": f"[killed: the command ran past its {timeout:g} s limit]\n", "exit_code": 124}
+        return reply
+
     def shell(self, command: str, cwd: str, timeout: float) -> dict:
         out, err = Capture(self.limits.output_bytes), Capture(self.limits.output_bytes)
         try:
@@ -446,8 +458,7 @@ class Supervisor:
             os.write(2, f"sh: cd: {cwd}: {e.strerror}\n".encode())
             os._exit(2)
         # At the sandbox's memory limit the kernel kills a shell's processes before the session
-        # (and the variables in it). Our own /proc files are writable only while we are dumpable.
-        check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(DUMPABLE)")
+        # (and the variables in it).
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a shell gets the usual defaults
@@ -484,12 +495,17 @@ class Supervisor:
 
 def serve(socket_path: str, limits: Limits) -> None:
     """In a container (Prime): one session for the whole container, served on a unix socket to the
-    `ptenv-session` client (ptenv/sandbox/client.py). The container is the isolation."""
+    `ptenv-session` client (ptenv/sandbox/client.py). The container is the isolation; inside it the
+    model's session and shells (`ptenv-session sh`) run as CONTAINER_MODEL_UID, we as root."""
     # Nothing outside deletes a container's session: its channel is one whose other end we keep.
     _other_end, channel = socket.socketpair()
-    supervisor = Supervisor(channel, limits)  # the container's own memory limit covers everything in it
+    # As root (a container's default) the model gets a uid of its own; the container's own memory
+    # limit covers everything in it.
+    model = Model(CONTAINER_MODEL_UID) if has_capabilities(CAP_SETUID, CAP_SETGID) else None
+    supervisor = Supervisor(channel, limits, model, owns_pid_namespace=False)
     server = socket.socket(socket.AF_UNIX)
     server.bind(socket_path + ".tmp")
+    os.chmod(socket_path + ".tmp", 0o600)  # the host's commands only: the model's uid may not connect
     server.listen()
     os.rename(socket_path + ".tmp", socket_path)  # `test -S` sees it only once it listens
     while True:

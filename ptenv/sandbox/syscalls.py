@@ -7,6 +7,7 @@ import os
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
@@ -38,3 +39,10 @@ def set_capabilities(caps: tuple[int, ...]) -> None:
     mask = sum(1 << cap for cap in caps)
     data = (_CapData * 2)(_CapData(mask, mask, 0), _CapData(0, 0, 0))
     check(libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data), "capset")
+
+
+def has_capabilities(*caps: int) -> bool:
+    """Whether this process may use each of `caps` (its effective set)."""
+    with open("/proc/self/status") as f:
+        effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    return all(effective >> cap & 1 for cap in caps)

@@ -1,6 +1,7 @@
 """The two places a sandbox can live, behind one shape: a prime_sandboxes-like client, the create
 request, and the few steps that differ (starting the session, deleting leftovers at teardown)."""
 
+import logging
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -9,6 +10,7 @@ from prime_sandboxes import CreateSandboxRequest
 from ptenv.sandbox.local import LocalSandboxClient
 from ptenv.sandbox.protocol import Limits
 
+LOG = logging.getLogger("verifiers.pytorch_env")  # shown wherever verifiers' own log is
 CELL_TIMEOUT = 30  # seconds one execute_code cell may run
 COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
 CELL_MARGIN = 15  # past the cell limit: the session is restarted and the reply sent
@@ -21,12 +23,16 @@ class Transport:
     create_attempts: int
     start_session: Callable[[str], Awaitable[None]]  # sandbox id -> session ready for preload
     delete_all: Callable[[list[str]], Awaitable[object]]  # teardown of leftovers
+    # The model's bash command, working dir and timeout -> the command and working dir to execute,
+    # so that it runs as the model (the local supervisor runs every shell that way already).
+    model_shell: Callable[[str, str | None, float], tuple[str, str | None]]
     command_timeout: int = COMMAND_TIMEOUT
     cell_deadline: int = CELL_TIMEOUT + CELL_MARGIN
 
 
 def local() -> Transport:
     client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT))
+    LOG.info("pytorch-env local sandboxes: %s", client.isolation_mode)
 
     async def session_is_built_in(sandbox_id: str) -> None:
         """Local sandboxes start with their session running."""
@@ -37,6 +43,7 @@ def local() -> Transport:
         create_attempts=1,  # a local failure is deterministic: retrying only delays the error
         start_session=session_is_built_in,
         delete_all=client.bulk_delete,
+        model_shell=lambda command, cwd, timeout: (command, cwd),
     )
 
 
@@ -53,6 +60,7 @@ def prime() -> Transport:
         create_attempts=5,  # the service can fail transiently
         start_session=lambda sandbox_id: prime.wait_for_session(client, sandbox_id),
         delete_all=prime.delete_all,
+        model_shell=prime.model_shell,
     )
 
 

@@ -1,7 +1,7 @@
 """The program every sandbox runs: imports torch once and warms it up, then becomes either the
 local fork server or a container's session server. Started by the host as
 
-    python -S -P -m ptenv.sandbox.worker zygote <control fd> <cgroup dir fds as JSON>   (local)
+    python -S -P -m ptenv.sandbox.worker zygote <control fd> <cgroup dir fds as JSON> root|rootless   (local)
     python -S -P -m ptenv.sandbox.worker serve <socket path>                            (Prime)
 """
 
@@ -21,7 +21,7 @@ from ptenv.sandbox import forkserver, supervisor
 from ptenv.sandbox.protocol import Limits
 from ptenv.session_ns import new_namespace
 
-USAGE = "usage: python -m ptenv.sandbox.worker zygote <control fd> <cgroup fds> | serve <socket path>"
+USAGE = "usage: python -m ptenv.sandbox.worker zygote <control fd> <cgroup fds> root|rootless | serve <socket path>"
 
 
 def warm_up() -> None:
@@ -40,10 +40,10 @@ def warm_up() -> None:
     site.setquit()  # `exit()` in a cell behaves as in a normal interpreter (we start with -S)
 
 
-def zygote(control_fd: int, cgroup_dirs: dict[str, int]) -> None:
+def zygote(control_fd: int, cgroup_dirs: dict[str, int], rootless: bool) -> None:
     warm_up()
     gc.freeze()  # keep the collector from touching (and so copying) the parent's objects
-    server = forkserver.ForkServer(socket.socket(fileno=control_fd), cgroup_dirs)
+    server = forkserver.ForkServer(socket.socket(fileno=control_fd), cgroup_dirs, rootless)
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 2)  # the host reads our stderr only while we start
     server.serve()
@@ -55,8 +55,8 @@ def serve(socket_path: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["zygote"] and len(sys.argv) == 4:
-        zygote(int(sys.argv[2]), json.loads(sys.argv[3]))
+    if sys.argv[1:2] == ["zygote"] and len(sys.argv) == 5 and sys.argv[4] in ("root", "rootless"):
+        zygote(int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == "rootless")
     elif sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
         serve(sys.argv[2])
     else:
