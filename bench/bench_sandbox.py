@@ -199,7 +199,7 @@ def compare_modes(user: str, quick: bool) -> None:
     for key, label, unit, scale in (("ready", "ready p50", "ms", 1e3), ("cell", "empty cell p50", "ms", 1e3),
                                     ("pss", "PSS per idle sandbox", "MiB", 1)):
         a, b = root[key] * scale, rootless[key] * scale
-        print(f"{label:22} {a:7.1f} {unit:3}{b:7.1f} {unit:3}{b / a:6.2f}x")
+        print(f"{label:22} {a:7.2f} {unit:3}{b:7.2f} {unit:3}{b / a:6.2f}x")
 
 
 async def main(quick: bool) -> None:

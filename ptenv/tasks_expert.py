@@ -608,7 +608,8 @@ FAMILIES = [
            "Run a linear Kalman filter from the state mean `x0` and covariance `P0` over the observations `z` "
            "(one row per time step). At each step t: predict `x = F @ x`, `P = F @ P @ F.T + Q`; then, if row "
            "`z[t]` is observed, update with `y = z[t] - H @ x`, `S = H @ P @ H.T + R`, `K = P @ H.T @ inverse(S)`, "
-           "`x = x + K @ y` and `P = (I - K @ H) @ P`. A row of NaNs is a missing observation: that step only "
+           "`x = x + K @ y` and `P = (I - K @ H) @ P`. A row whose every entry is NaN is a missing observation "
+           "(no row is partly NaN): that step only "
            "predicts. `result[t]` is `x` after step t, for every step, and the rows after those are the final "
            "`P`, so `result` has (steps + state size) rows.",
            _kalman,
