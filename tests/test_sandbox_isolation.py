@@ -1,6 +1,7 @@
 """Hostile cells and commands against the local sandbox. For each: the host stays healthy, the
 sandbox keeps working or reports a clean failure, and nothing is left running."""
 
+import base64
 import json
 import os
 import signal
@@ -174,6 +175,18 @@ def _supervisor_settings(pid: int) -> tuple:
     with open(f"/proc/{pid}/limits") as f:
         files = next(line for line in f if line.startswith("Max open files"))
     return fields[16], fields[38], status["Cpus_allowed_list"].strip(), fields[0] in "RS", files
+
+
+@pytest.mark.parametrize("timeout", [1e9, float("nan"), -1, "soon"])
+async def test_the_model_cannot_outwait_the_host_through_ptenv_session_sh(box, timeout):
+    # The built-in that runs Prime's model shells takes its time limit from its argument, which
+    # here the model writes: the host's own wait still bounds it, and the sandbox stays usable.
+    await box.cell("result = torch.ones(2)")
+    request = json.dumps({"command": "sleep 100", "cwd": None, "timeout": timeout})
+    reply = await box.sh(f"ptenv-session sh {base64.b64encode(request.encode()).decode()}", timeout=SHORT)
+    assert reply.exit_code in (124, 2), reply  # killed at the host's limit, or a bad argument
+    assert (await box.result()).tolist() == [1.0, 1.0]
+    await only_the_sandbox_runs(box)
 
 
 async def test_a_dead_supervisor_is_reported_not_waited_for(box):

@@ -197,11 +197,13 @@ class Supervisor:
         # `ptenv-session ...` is served here instead of by a shell: it keeps an empty cell to a
         # few ms. The same commands go through a real client script where the sandbox is remote.
         if words and words[0] == "ptenv-session":
-            return self.builtin(words[1:], min(timeout, self.limits.cell_timeout))
+            return self.builtin(words[1:], timeout)
         return self.shell(command, cwd or SCRATCH, timeout)
 
-    def builtin(self, args: list[str], limit: float) -> dict:
-        """Serve `ptenv-session ...`; its stdout is one JSON document that the host parses."""
+    def builtin(self, args: list[str], timeout: float) -> dict:
+        """Serve `ptenv-session ...`; its stdout is one JSON document that the host parses (`sh`
+        answers as a shell). Nothing here runs past `timeout`, the host's wait for the command."""
+        limit = min(timeout, self.limits.cell_timeout)
         try:
             if args == ["result"]:
                 doc = self.read_result(limit)
@@ -210,7 +212,7 @@ class Supervisor:
             elif len(args) == 2 and args[0] == "preload":
                 doc = self.preload(base64.b64decode(args[1], validate=True).decode(), limit)
             elif len(args) == 2 and args[0] == "sh":
-                return self.model_shell(json.loads(base64.b64decode(args[1], validate=True)))
+                return self.model_shell(json.loads(base64.b64decode(args[1], validate=True)), timeout)
             else:
                 usage = "usage: ptenv-session exec <base64 code> | preload <base64 json> | result | sh <base64 json>"
                 return {"stdout": "", "stderr": usage, "exit_code": 2}
@@ -401,10 +403,10 @@ class Supervisor:
 
     # -- shell commands
 
-    def model_shell(self, request: dict) -> dict:
+    def model_shell(self, request: dict, host_timeout: float) -> dict:
         """`ptenv-session sh`: where the host's commands run with more rights than the model (in a
         Prime container, as root), the model's shell commands come through here, to run as the model."""
-        timeout = float(request["timeout"])
+        timeout = min(host_timeout, max(0.0, float(request["timeout"])))  # the request may be the model's
         reply = self.shell(str(request["command"]), str(request["cwd"] or SCRATCH), timeout)
         if reply.get("timed_out"):
             return {"stdout": "", "stderr": f"[killed: the command ran past its {timeout:g} s limit]\n", "exit_code": 124}
