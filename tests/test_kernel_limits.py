@@ -167,3 +167,20 @@ async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
     with Sampler(rss_mb) as rss, pytest.raises(ResultError, match="not a torch.Tensor"):
         await box.result()
     assert rss.highest - rss.lowest <= 16, (rss.lowest, rss.highest)
+
+
+async def test_the_model_may_still_tune_its_own_processes(box):
+    # Rootless, a second filter keeps these calls off PID 1, the supervisor: that must
+    # leave ordinary code that tunes itself working, in both modes.
+    code = (
+        "import os, resource\n"
+        "os.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+        "os.sched_setaffinity(0, os.sched_getaffinity(0))\n"
+        "os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))\n"
+        "print(os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0) == os.SCHED_BATCH,"
+        " resource.getrlimit(resource.RLIMIT_NOFILE))\n"
+    )
+    reply = await box.cell(code)
+    assert reply.stdout == "5 True (100, 100)\n", reply
+    assert (await box.sh("nice -n 3 sh -c 'echo $$' && renice -n 7 -p $$ >/dev/null && echo reniced")).stdout.endswith("reniced\n")

@@ -6,7 +6,8 @@ needs and that an unprivileged process could otherwise reach: new namespaces, th
 keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mounts and module
 loading. Rootless, the model's processes share the supervisor's uid, so they get a second filter
 (MODEL_RULES): the calls that act on another process by pid when the uid matches (priority,
-scheduler, CPU affinity, I/O priority, resource limits) may act on the caller only.
+scheduler, CPU affinity, I/O priority, resource limits) may not name PID 1, the supervisor, nor
+act on every process of the uid.
 """
 
 import ctypes
@@ -50,9 +51,10 @@ ARCHES = {
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
-# it is allowed (otherwise EPERM): (argument index, EQUALS or NONE_OF, value), on the low 32 bits.
+# it is allowed (otherwise EPERM): (argument index, EQUALS, NOT or NONE_OF (bits), value), on the
+# low 32 bits.
 EPERM, ENOSYS = "eperm", "enosys"
-EQUALS, NONE_OF = "equals", "none of"
+EQUALS, NOT, NONE_OF = "equals", "not", "none of"
 DENIED = (
     "unshare", "setns", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "perf_event_open", "userfaultfd", "bpf", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
@@ -64,12 +66,14 @@ DENIED = (
 # clone() flags that make a namespace; clone3 passes its flags in memory, which a filter cannot
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
-PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+PRIO_USER, IOPRIO_WHO_USER = 2, 3
+SUPERVISOR_PID = 1
 MODEL_RULES = {
     "setns": EPERM,
-    "setpriority": ((0, EQUALS, PRIO_PROCESS), (1, EQUALS, 0)),
-    "ioprio_set": ((0, EQUALS, IOPRIO_WHO_PROCESS), (1, EQUALS, 0)),
-    **{name: ((0, EQUALS, 0),) for name in (
+    # By user: the supervisor has the model's uid. By process or group: any but PID 1's.
+    "setpriority": ((0, NOT, PRIO_USER), (1, NOT, SUPERVISOR_PID)),
+    "ioprio_set": ((0, NOT, IOPRIO_WHO_USER), (1, NOT, SUPERVISOR_PID)),
+    **{name: ((0, NOT, SUPERVISOR_PID),) for name in (
         "sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr", "prlimit64")},
 }
 
@@ -115,7 +119,8 @@ def program(machine: str, rules: dict) -> list[tuple[int, int, int, int]]:
         prog.append((JEQ, 0, 2 * len(rule) + 1, numbers[name]))
         for arg, test, value in rule:
             prog.append((LD_W_ABS, 0, 0, OFFSET_ARGS + 8 * arg))
-            prog.append((JEQ, 0, EPERM, value) if test == EQUALS else (JSET, EPERM, 0, value))
+            fails = {EQUALS: (JEQ, 0, EPERM), NOT: (JEQ, EPERM, 0), NONE_OF: (JSET, EPERM, 0)}[test]
+            prog.append((*fails, value))
         prog.append((RET, 0, 0, RET_ALLOW))
     prog.append((RET, 0, 0, RET_ALLOW))
     labels = {EPERM: len(prog), ENOSYS: len(prog) + 1}
