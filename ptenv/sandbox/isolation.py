@@ -8,7 +8,7 @@ another identity:
     rootless  the one host uid of the user, inside a user namespace of the sandbox's own; the
               supervisor is PID 1 (which ignores signals from its namespace), hidden from the
               model's /proc, and a second seccomp filter keeps the model's scheduling and limit
-              calls to its own processes
+              calls off PID 1
 
 So the model cannot signal, renice, ptrace or prlimit the supervisor, and the supervisor never
 enters a directory the model owns.
