@@ -72,7 +72,7 @@ class ControlError(SandboxUnavailableError):
     """The fork server died or stopped answering: it is replaced."""
 
 
-def sandbox_command(argv: list[str], privileged: bool = False, rootless: bool = False) -> list[str]:
+def sandbox_command(argv: list[str], privileged: bool = False) -> list[str]:
     """`bwrap ... -- argv`: the filesystem and namespaces every sandbox process lives in.
 
     Visible, read-only: /usr (and the /bin, /lib... links into it), a few /etc files, the Python
@@ -101,9 +101,9 @@ def sandbox_command(argv: list[str], privileged: bool = False, rootless: bool = 
     }
     args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
-    if rootless:  # uid 0 of a user namespace of our own, mapped to our uid
+    if os.geteuid() != 0:  # rootless: uid 0 of a user namespace of our own, mapped to our uid
         args += ["--unshare-user", "--uid", "0", "--gid", "0"]
-    if privileged:  # the fork server needs root's capabilities (in that namespace) to build each sandbox's
+    if privileged:  # the fork server needs root's capabilities (in that namespace) to build sandboxes
         args += ["--cap-add", "ALL"]
     for name, value in env.items():
         args += ["--setenv", name, value]
@@ -437,12 +437,11 @@ class LocalSandboxClient:
         dir_fds = self._open_cgroup_dirs()
         host_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         python = os.path.realpath(sys.executable)  # inside, no venv: site-packages come via PYTHONPATH
-        rootless = os.geteuid() != 0
         argv = [python, "-S", "-P", "-m", "ptenv.sandbox.worker", "zygote", str(zygote_end.fileno()),
-                json.dumps(dir_fds), "rootless" if rootless else "root"]
+                json.dumps(dir_fds), "root" if os.geteuid() == 0 else "rootless"]
         try:
             self._zygote = subprocess.Popen(
-                sandbox_command(argv, privileged=True, rootless=rootless),
+                sandbox_command(argv, privileged=True),
                 pass_fds=[zygote_end.fileno(), *dir_fds.values()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
