@@ -70,6 +70,9 @@ def isolate_supervisor(limits: Limits, uids: tuple[int, int] | None, keep_fds: s
     for sig in IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     os.chdir("/")
+    # A session of the sandbox's own, which the model's processes may not leave (rootless,
+    # MODEL_RULES): without a cpu cgroup the kernel's autogroups then share the CPU by sandbox.
+    os.setsid()
     if uids:
         check(libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(KEEPCAPS)")
         os.setgroups([])

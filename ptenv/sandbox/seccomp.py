@@ -7,7 +7,8 @@ keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mount
 loading. Rootless, the model's processes share the supervisor's uid, so they get a second filter
 (MODEL_RULES): the calls that act on another process by pid when the uid matches (priority,
 scheduler, CPU affinity, I/O priority, resource limits) may not name PID 1, the supervisor, nor
-act on every process of the uid.
+act on every process of the uid; and a new session (an autogroup, the kernel's CPU share without
+a cgroup) is denied.
 """
 
 import ctypes
@@ -32,7 +33,7 @@ ARCHES = {
         "modify_ldt": 154, "uselib": 134,
         "clone": 56, "clone3": 435, "memfd_create": 319, "shmget": 29,
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
-        "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251,
+        "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -47,7 +48,7 @@ ARCHES = {
         "name_to_handle_at": 264, "open_by_handle_at": 265,
         "clone": 220, "clone3": 435, "memfd_create": 279, "shmget": 194,
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
-        "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30,
+        "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
@@ -70,6 +71,7 @@ PRIO_USER, IOPRIO_WHO_USER = 2, 3
 SUPERVISOR_PID = 1
 MODEL_RULES = {
     "setns": EPERM,
+    "setsid": EPERM,  # a new session would be a new autogroup: another share of the CPU
     # By user: the supervisor has the model's uid. By process or group: any but PID 1's.
     "setpriority": ((0, NOT, PRIO_USER), (1, NOT, SUPERVISOR_PID)),
     "ioprio_set": ((0, NOT, IOPRIO_WHO_USER), (1, NOT, SUPERVISOR_PID)),

@@ -417,7 +417,7 @@ class Supervisor:
         try:
             process = subprocess.Popen(
                 ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=self.env, start_new_session=True, preexec_fn=lambda: self.shell_child(cwd),
+                stderr=subprocess.PIPE, env=self.env, process_group=0, preexec_fn=lambda: self.shell_child(cwd),
             )
         except OSError as e:
             return {"stdout": "", "stderr": f"sh: cannot start /bin/sh: {e.strerror}\n", "exit_code": 2}
