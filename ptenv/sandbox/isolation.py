@@ -70,8 +70,8 @@ def isolate_supervisor(limits: Limits, uids: tuple[int, int] | None, keep_fds: s
     for sig in IGNORED_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     os.chdir("/")
-    # A session of the sandbox's own, which the model's processes may not leave (rootless,
-    # MODEL_RULES): without a cpu cgroup the kernel's autogroups then share the CPU by sandbox.
+    # A session of the sandbox's own, which without a cgroup the model may not leave (seccomp.py):
+    # the kernel's autogroups then share the CPU by sandbox.
     os.setsid()
     if uids:
         check(libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "prctl(KEEPCAPS)")
@@ -81,8 +81,7 @@ def isolate_supervisor(limits: Limits, uids: tuple[int, int] | None, keep_fds: s
     set_capabilities(SUPERVISOR_CAPS)
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
-    # Without a memory cgroup nothing could count memfd or SysV shared memory: deny them.
-    seccomp.install(seccomp.sandbox_rules(count_memory=cgroup, enter_userns=not uids))
+    seccomp.install(seccomp.sandbox_rules(cgroup=cgroup, enter_userns=not uids))
     return model
 
 

@@ -61,6 +61,7 @@ ETC_FILES = (
     "/etc/hosts",
 )
 NO_FALLBACK = "nothing runs unsandboxed"
+NO_CGROUP = "memory polled, memfd and SysV shared memory denied, CPU shared by autogroup"  # seccomp.py
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -148,7 +149,7 @@ def isolation_mode() -> str:
         who = "rootless: one user namespace per sandbox, the user's uid for all"
     if reason is None:
         return f"{who}; cgroup v1 memory, pids and cpu per sandbox"
-    return f"{who}; no cgroup ({reason}): memory polled, memfd and SysV shared memory denied, no CPU share"
+    return f"{who}; no cgroup ({reason}): {NO_CGROUP}"
 
 
 def installed_project_files() -> list[Path]:
@@ -481,7 +482,7 @@ class LocalSandboxClient:
                 self._cgroup_dirs = cgroups.make_client_dirs(f"ptenv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
                 self.cgroup_mode = "cgroup v1: memory (shared memory included), pids and cpu per sandbox"
             except cgroups.Unavailable as e:
-                self.cgroup_mode = f"no cgroup ({e}): memory polled, memfd and SysV shared memory denied"
+                self.cgroup_mode = f"no cgroup ({e}): {NO_CGROUP}"
         return {c: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for c, path in self._cgroup_dirs.items()}
 
     def _stop_zygote(self) -> None:

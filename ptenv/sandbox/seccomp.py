@@ -7,8 +7,7 @@ keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mount
 loading. Rootless, the model's processes share the supervisor's uid, so they get a second filter
 (MODEL_RULES): the calls that act on another process by pid when the uid matches (priority,
 scheduler, CPU affinity, I/O priority, resource limits) may not name PID 1, the supervisor, nor
-act on every process of the uid; and a new session (an autogroup, the kernel's CPU share without
-a cgroup) is denied.
+act on every process of the uid.
 """
 
 import ctypes
@@ -71,7 +70,6 @@ PRIO_USER, IOPRIO_WHO_USER = 2, 3
 SUPERVISOR_PID = 1
 MODEL_RULES = {
     "setns": EPERM,
-    "setsid": EPERM,  # a new session would be a new autogroup: another share of the CPU
     # By user: the supervisor has the model's uid. By process or group: any but PID 1's.
     "setpriority": ((0, NOT, PRIO_USER), (1, NOT, SUPERVISOR_PID)),
     "ioprio_set": ((0, NOT, IOPRIO_WHO_USER), (1, NOT, SUPERVISOR_PID)),
@@ -93,15 +91,16 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
 
 
-def sandbox_rules(count_memory: bool, enter_userns: bool) -> dict:
-    """The filter every sandbox process has. Without a memory cgroup nothing could count memfd or
-    SysV shared memory: they are denied. Rootless, the supervisor's children must enter the model's
-    user namespace (MODEL_RULES then deny it)."""
+def sandbox_rules(cgroup: bool, enter_userns: bool) -> dict:
+    """The filter every sandbox process has. Without a cgroup, what only a cgroup could account for
+    is denied: memfd and SysV shared memory (in no process's memory) and a new session (the
+    sandbox's session is its autogroup, the kernel's CPU share without a cgroup). Rootless, the
+    supervisor's children must enter the model's user namespace (MODEL_RULES then deny it)."""
     rules = {name: EPERM for name in DENIED}
     rules["clone3"] = ENOSYS
     rules["clone"] = ((0, NONE_OF, NAMESPACE_FLAGS),)
-    if not count_memory:
-        rules.update(memfd_create=EPERM, shmget=EPERM)
+    if not cgroup:
+        rules.update(memfd_create=EPERM, shmget=EPERM, setsid=EPERM)
     if enter_userns:
         rules["setns"] = ((1, EQUALS, CLONE_NEWUSER),)
     return rules
