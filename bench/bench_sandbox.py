@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_sandbox.py [--quick]
     .venv/bin/python bench/bench_sandbox.py --rootless-as USER [--quick]   # as root: root vs rootless
 
-With --rootless-as, only ready p50, the empty cell p50 and PSS per idle sandbox are measured, as
-root in this process and then rootless as USER (`scripts/rootless-user` makes ptenv-rootless and
+With --rootless-as, only ready p50, the empty cell p50, PSS per idle sandbox and the CPU share
+are measured, as root in this process and then rootless as USER (`scripts/rootless-user` makes ptenv-rootless and
 lets it reach the venv), side by side.
 
 - ready: create -> first execute_code answer (an empty cell), p50 / p99; the fork server with its
@@ -142,8 +142,9 @@ CPU_WORK = exec_command(
     "import time\nstart = time.perf_counter()\nx = 0\nfor i in range(5_000_000):\n    x += i\n"
     "print(time.perf_counter() - start)"
 )
+# Matrix products release the GIL: 8 threads keep 8 CPUs busy (a pure-Python spin would keep one).
 BUSY_THREADS = exec_command(
-    "import threading\ndef spin():\n    while True:\n        pass\n"
+    "import threading\ndef spin():\n    x = torch.randn(256, 256)\n    while True:\n        x @ x\n"
     "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
 )
 
@@ -179,8 +180,9 @@ async def basics(quick: bool) -> dict:
         await client.delete(first.id)
         ready = await ready_times(client, 20 if quick else 60, pause=0.1)
         pss, _ = await idle_pss(client, 16)
+        alone, loaded = await cpu_share(client, 3)
         return {"mode": client.isolation_mode, "ready": pct(ready, 0.5), "cell": pct(cells, 0.5),
-                "pss": statistics.mean(pss)}
+                "pss": statistics.mean(pss), "share": loaded / alone}
     finally:
         client.teardown()
 
@@ -200,6 +202,8 @@ def compare_modes(user: str, quick: bool) -> None:
                                     ("pss", "PSS per idle sandbox", "MiB", 1)):
         a, b = root[key] * scale, rootless[key] * scale
         print(f"{label:22} {a:7.2f} {unit:3}{b:7.2f} {unit:3}{b / a:6.2f}x")
+    print(f"{'CPU-bound cell next to 8 busy threads':38}: root {root['share']:.2f}x, rootless {rootless['share']:.2f}x"
+          " its time alone (target <= 1.5x)")
 
 
 async def main(quick: bool) -> None:
