@@ -268,11 +268,15 @@ def escape_the_filesystem(t: Task) -> str:
 
 
 def background_daemon(t: Task) -> str:
+    """Daemons that ignore the usual signals, one in the sandbox's session and two in sessions of
+    their own (where a sandbox has no cgroup, a new session is denied and the cell stops there)."""
     return (
-        "import subprocess\n"
-        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
-        "subprocess.Popen(['sh', '-c', \"trap '' TERM HUP INT; while :; do sleep 1; done\"], start_new_session=True)\n"
         f"result = {t.zeros}\n"
+        "import subprocess\n"
+        "daemon = \"trap '' TERM HUP INT; while :; do sleep 1; done\"\n"
+        "subprocess.Popen(['sh', '-c', daemon])\n"
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "subprocess.Popen(['sh', '-c', daemon], start_new_session=True)\n"
     )
 
 
