@@ -5,6 +5,8 @@ prompts whose rollouts all scored the same (a GRPO group that teaches nothing).
     .venv/bin/python bench/difficulty.py -m null
     .venv/bin/python bench/difficulty.py -m MODEL -b http://HOST:PORT/v1 -k API_KEY_VAR [--out DIR] [-- VF-EVAL ARGS]
 
+With --out, a tier that already has a run there is resumed (vf-eval --resume), and -n may grow.
+
 Each tier's held-out test split (its default set unless -n) is evaluated with -r 3 rollouts per
 prompt. A scripted policy (reference, null, hostile) is served by ptenv.policy_server from the
 very rows the environment generates, so the reference policy knows every row's solution.
@@ -35,7 +37,7 @@ def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     rows = len(select([tier], args.split, args.n, args.seed))
     command = [str(VF_EVAL), "pytorch-env", "-m", args.model, "-b", url, "-k", key_var, "-a", json.dumps(env_args),
                "-n", str(rows), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error,verdict", "-o", str(out),
-               *args.vf_eval]
+               *args.vf_eval, *resume(out, env_args)]
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, key_var: os.environ.get(key_var, "unused")})
@@ -43,6 +45,22 @@ def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
         sys.exit(f"vf-eval exited with {done.returncode}:\n{done.stdout[-3000:]}")
     (results,) = out.glob("evals/*/*/results.jsonl")
     return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def resume(out: Path, env_args: dict) -> list[str]:
+    """vf-eval's --resume for an earlier run of this tier in `out`, so a long measurement can stop
+    and go on. A smaller -n is a prefix of a larger one (select is round-robin), so it may grow."""
+    runs = list(out.glob("evals/*/*/metadata.json"))
+    if not runs:
+        return []
+    if len(runs) > 1:
+        sys.exit(f"{out}: {len(runs)} runs, cannot tell which to resume")
+    saved = json.loads(runs[0].read_text())["env_args"]
+    before, now = saved["num_train_examples"], env_args["num_train_examples"]
+    grows = 0 <= before <= now or before == now
+    if {**saved, "num_train_examples": now} != env_args or not grows:
+        sys.exit(f"{runs[0].parent}: run with {saved}, cannot resume it as {env_args}")
+    return ["--resume", str(runs[0].parent)]
 
 
 def summarise(rollouts: list[dict]) -> dict:

@@ -1,0 +1,48 @@
+"""bench/difficulty.py through the real vf-eval: a long measurement stopped part-way goes on from
+its --out directory without redoing a rollout, and a run of other rows is never resumed into."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 600
+
+
+def difficulty(out: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "bench/difficulty.py", "-m", "reference", "--tiers", "intermediate", "-r", "1",
+               "-c", "2", "--out", str(out), *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def rollouts(out: Path) -> list[str]:
+    (results,) = out.glob("intermediate/evals/*/*/results.jsonl")
+    return results.read_text().splitlines()
+
+
+def test_a_stopped_measurement_goes_on_without_redoing_a_rollout(tmp_path):
+    first = difficulty(tmp_path, "-n", "2", "--json", str(tmp_path / "first.json"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    done = rollouts(tmp_path)
+    assert len(done) == 2
+
+    more = difficulty(tmp_path, "-n", "3", "--json", str(tmp_path / "more.json"))
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert "--resume" in more.stdout
+    now = rollouts(tmp_path)
+    # Tool-call ids are random, so a redone rollout would not be byte-identical.
+    assert len(now) == 3 and set(done) <= set(now)
+    assert sorted(json.loads(line)["example_id"] for line in now) == [0, 1, 2]
+    table = json.loads((tmp_path / "more.json").read_text())["tiers"]["intermediate"]
+    assert table["prompts"] == 3 and table["pass@1"] == 1.0
+
+
+def test_a_run_of_other_rows_is_not_resumed(tmp_path):
+    assert difficulty(tmp_path, "-n", "2").returncode == 0
+    done = rollouts(tmp_path)
+    for other in (["--seed", "1", "-n", "2"], ["-n", "1"], ["--split", "train", "-n", "2"]):
+        refused = difficulty(tmp_path, *other)
+        assert refused.returncode != 0
+        assert "cannot resume it as" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+        assert rollouts(tmp_path) == done
