@@ -7,7 +7,9 @@
 A task passes when its reference runs cleanly and returns a real-valued tensor that is
 deterministic, finite, non-empty, different from every input and exactly round-trips through the
 codec, and when the real grader scores 0 for every degenerate answer (zeros, ones, the mean as a
-constant, each input passed through, the float16-rounded reference) unless the entry justifies it.
+constant, each input passed through, the float16-rounded reference) unless the entry justifies it,
+and for every shortcut its family declares (a plausible wrong procedure, such as greedy decoding
+for a sampling task).
 Two more checks say the tolerance is not too tight: the reference recomputed in float64 and cast
 down passes, and so does the family's independent formulation where it has one. A generated
 instance must also come out byte-identical when generated again, and no two rows (the canonical
@@ -25,7 +27,7 @@ import torch
 
 from ptenv import codec
 from ptenv.dataset import dumps_rows, run_solution, write_rows
-from ptenv.families import Instance, canonical_instance, other_formulations, unexcused
+from ptenv.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts, unexcused
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks import TASKS, Task
 from ptenv.tiers import SPLITS, TIERS, instance_seed
@@ -91,6 +93,9 @@ def check_instance(instance: Instance) -> list[Check]:
     checks.append(_check("round_trip", exact and grade(expected, expected).score == 1.0, "decoded answer differs"))
     if expected.numel():
         checks.append(_degenerate_check(instance, expected, inputs))
+        if instance.shortcuts:
+            rewarded = rewarded_shortcuts(instance, expected)
+            checks.append(_check("shortcuts", not rewarded, f"grader accepts {', '.join(rewarded)}"))
         # Another correct way to the answer must pass too: else the tolerance fails correct answers.
         problems = other_formulations(instance, expected)
         left = unexcused(instance, problems)

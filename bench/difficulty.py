@@ -21,7 +21,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from ptenv.dataset import dumps_rows
+from ptenv.dataset import dumps_rows, row_digest
 from ptenv.policy_server import POLICIES, serve_in_thread
 from ptenv.tiers import TIERS, select
 
@@ -34,10 +34,10 @@ def tier_rows(tier: str, split: str, num: int, seed: int) -> list[dict]:
 
 def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     env_args = {"tiers": tier, "split": args.split, "num_train_examples": args.n, "seed": args.seed}
-    rows = len(select([tier], args.split, args.n, args.seed))
+    rows = tier_rows(tier, args.split, args.n, args.seed)
     command = [str(VF_EVAL), "pytorch-env", "-m", args.model, "-b", url, "-k", key_var, "-a", json.dumps(env_args),
-               "-n", str(rows), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error,verdict", "-o", str(out),
-               *args.vf_eval, *resume(out, env_args)]
+               "-n", str(len(rows)), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error,verdict",
+               "-o", str(out), *args.vf_eval, *resume(out, env_args, rows)]
     print("$", " ".join(command[1:]), flush=True)
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env={**os.environ, key_var: os.environ.get(key_var, "unused")})
@@ -47,7 +47,7 @@ def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     return [json.loads(line) for line in results.read_text().splitlines()]
 
 
-def resume(out: Path, env_args: dict) -> list[str]:
+def resume(out: Path, env_args: dict, rows: list[dict]) -> list[str]:
     """vf-eval's --resume for an earlier run of this tier in `out`, so a long measurement can stop
     and go on. A smaller -n is a prefix of a larger one (select is round-robin), so it may grow."""
     runs = list(out.glob("evals/*/*/metadata.json"))
@@ -60,7 +60,24 @@ def resume(out: Path, env_args: dict) -> list[str]:
     grows = 0 <= before <= now or before == now
     if {**saved, "num_train_examples": now} != env_args or not grows:
         sys.exit(f"{runs[0].parent}: run with {saved}, cannot resume it as {env_args}")
+    drop_stale(runs[0].with_name("results.jsonl"), rows)
     return ["--resume", str(runs[0].parent)]
+
+
+def drop_stale(results: Path, rows: list[dict]) -> None:
+    """Drop the saved rollouts of rows that changed since (a task fixed between sessions): vf-eval
+    resumes by row index, so it would count them as done against the new row."""
+    digests = [row_digest(row) for row in rows]
+    lines = results.read_text().splitlines(keepends=True)
+
+    def current(line: str) -> bool:
+        saved = json.loads(line)
+        return saved["info"].get("row") == digests[int(saved["example_id"])]
+
+    kept = [line for line in lines if current(line)]
+    if len(kept) < len(lines):
+        print(f"{results}: dropped {len(lines) - len(kept)} rollouts of rows that changed since", flush=True)
+        results.write_text("".join(kept))
 
 
 def summarise(rollouts: list[dict]) -> dict:

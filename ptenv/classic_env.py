@@ -109,7 +109,8 @@ def as_dataset(tasks) -> Dataset:
     stamp = versions()
     return Dataset.from_list([
         {"question": t.question,
-         "info": json.dumps({"task_id": t.task_id, "category": t.category, **t.provenance(), "versions": stamp})}
+         "info": json.dumps({"task_id": t.task_id, "category": t.category, **t.provenance(), "row": t.digest,
+                             "versions": stamp})}
         for t in tasks
     ])
 

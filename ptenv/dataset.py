@@ -7,6 +7,7 @@ computed by running the reference solution exactly as a model's cell runs: singl
 `new_namespace(inputs)`, answer left in `result`.
 """
 
+import hashlib
 import json
 import keyword
 import re
@@ -37,6 +38,7 @@ class TaskRow:
     inputs: dict[str, torch.Tensor]
     expected: torch.Tensor
     reference_solution: str
+    digest: str  # of the row as given, so that a rollout names the exact row it was graded against
     tier: str = "basic"
     family: str = ""  # the task id for a canonical task
     seed: int | None = None
@@ -191,12 +193,17 @@ def parse_row(row, where: str) -> TaskRow:
     except SyntaxError as e:
         fail("info.reference_solution", f"not valid Python: {e.msg} (line {e.lineno})")
     if not generated:
-        return TaskRow(task_id, category, question, inputs, expected, solution)
+        return TaskRow(task_id, category, question, inputs, expected, solution, row_digest(row))
     seed = info["seed"]
     if not (isinstance(info["tier"], str) and isinstance(info["family"], str)
             and (seed is None or type(seed) is int)):
         fail("info", "tier and family must be strings and seed an integer or null")
-    return TaskRow(task_id, category, question, inputs, expected, solution, info["tier"], info["family"], seed)
+    return TaskRow(task_id, category, question, inputs, expected, solution, row_digest(row), info["tier"],
+                   info["family"], seed)
+
+
+def row_digest(row: dict) -> str:
+    return hashlib.sha256(json.dumps(row, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _exact_keys(obj, keys: set, field: str, fail) -> None:

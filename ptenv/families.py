@@ -17,6 +17,7 @@ the usual cause; the redraw is deterministic, so the same seed still gives the s
 """
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from string import Template
@@ -44,6 +45,7 @@ class Instance:
     independent: str | None = None  # another formulation of the answer, for the tolerance gate
     degenerate_ok: dict[str, str] = field(default_factory=dict)
     float64_off: str = ""  # why the float64 recompute may fail (ptenv/tasks.py says which task and why)
+    shortcuts: dict[str, str] = field(default_factory=dict)  # name -> code of a wrong procedure; see Family
     params: dict = field(default_factory=dict)  # what a generated family's templates were filled with
 
     def row(self) -> dict:
@@ -56,13 +58,17 @@ class Instance:
 @dataclass(frozen=True)
 class Family:
     """A generated family: `sample(g)` returns (params, inputs); `does`, `solution` and
-    `independent` are templates over the params. A held-out family appears only in the test split."""
+    `independent` are templates over the params. A held-out family appears only in the test split.
+    `shortcuts` are templates of plausible wrong procedures (greedy decoding for a sampling task, the
+    unmasked op for a masked one): a draw where one of them earns the reward is redrawn, so a
+    policy cannot be rewarded for the shortcut."""
     id: str
     does: str
     sample: Callable[[torch.Generator], tuple[dict, dict[str, torch.Tensor]]]
     solution: str
     independent: str | None = None
     held_out: bool = False
+    shortcuts: dict[str, str] = field(default_factory=dict)
 
     def instance(self, tier: str, seed: int) -> Instance:
         return first_gradable(lambda draw: self._draw(tier, seed, draw))
@@ -71,7 +77,8 @@ class Family:
         params, inputs = self.sample(generator(self.id, seed, draw))
         fill = lambda text: Template(text).substitute(params) if text is not None else None  # noqa: E731
         return Instance(f"{self.id}@{seed}", tier, self.id, seed, fill(self.does), inputs,
-                        fill(self.solution), fill(self.independent), params=params)
+                        fill(self.solution), fill(self.independent), params=params,
+                        shortcuts={name: fill(code) for name, code in self.shortcuts.items()})
 
 
 def generator(family_id: str, seed: int, draw: int = 0) -> torch.Generator:
@@ -116,12 +123,20 @@ def unexcused(instance: Instance, problems: dict[str, str | None]) -> dict[str, 
     return {k: v for k, v in problems.items() if v is not None and not (k == "float64" and instance.float64_off)}
 
 
+def rewarded_shortcuts(instance: Instance, expected: torch.Tensor) -> list[str]:
+    """The names of the instance's shortcuts that the grader accepts."""
+    return [name for name, code in instance.shortcuts.items()
+            if grade(run_solution(code, instance.inputs, instance.id), expected).score != 0.0]
+
+
 def first_gradable(draw: Callable[[int], Instance]) -> Instance:
-    """The first of draws 0, 1, ... that the tolerance grades fairly; ValueError after MAX_DRAWS."""
+    """The first of draws 0, 1, ... that the tolerance grades fairly and that no shortcut passes;
+    ValueError after MAX_DRAWS."""
     for n in range(MAX_DRAWS):
         instance = draw(n)
         expected = run_solution(instance.solution, instance.inputs, instance.id).detach()
         problems = unexcused(instance, other_formulations(instance, expected))
+        problems.update(dict.fromkeys(rewarded_shortcuts(instance, expected), "the grader accepts this shortcut"))
         if not problems:
             return instance
     raise ValueError(f"{instance.id}: no gradable draw in {MAX_DRAWS} (last: {problems})")
@@ -152,7 +167,7 @@ def uniform(g: torch.Generator, low: float, high: float, *shape, dtype=torch.flo
 
 def canonical_instance(task: Task) -> Instance:
     return Instance(task.id, "basic", task.id, None, task.does, build_inputs(task), task.solution,
-                    degenerate_ok=task.degenerate_ok, float64_off=task.float64_off)
+                    degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=task.shortcuts)
 
 
 def basic_instance(task: Task, seed: int) -> Instance:
@@ -163,11 +178,13 @@ def basic_instance(task: Task, seed: int) -> Instance:
         g = generator(task.id, seed, n)
         # Sizes from 2 (no single-row std, no trivial reductions) to 2 more than the canonical one.
         resized = {d: d if task.id in FIXED_SHAPES else randint(g, max(2, d - 1), d + 2) for d in sizes}
-        inputs = {name: _redraw(g, t, tuple(resized[d] for d in t.shape)) for name, t in canonical.items()}
+        inputs = {name: _redraw(g, t, tuple(resized[d] for d in t.shape), task.grid) for name, t in canonical.items()}
         chosen = {literal: pick(g, (literal, *others)) for literal, others in task.vary.items()}
         does, solution = _substitute(task.does, chosen), _substitute(task.solution, chosen)
+        shortcuts = {name: _substitute(code, chosen) for name, code in task.shortcuts.items()}
         return Instance(f"{task.id}@{seed}", "basic", task.id, seed, does, inputs, solution,
-                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, params=chosen)
+                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=shortcuts,
+                        params=chosen)
 
     return first_gradable(draw)
 
@@ -181,9 +198,10 @@ def _substitute(text: str, chosen: dict[str, str]) -> str:
     return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\d)", lambda m: chosen[m.group(1)], text)
 
 
-def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple) -> torch.Tensor:
+def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple, grid: float) -> torch.Tensor:
     """Fresh values of `shape` and the same dtype within the canonical input's range: bools and 0/1
-    values stay binary, integers (indices, targets) stay within the canonical ones' range."""
+    values stay binary, integers (indices, targets) stay within the canonical ones' range, and floats
+    are multiples of `grid` where the task sets one."""
     if t.dtype == torch.bool:
         return torch.rand(shape, generator=g) < 0.5
     low, high = t.min().item(), t.max().item()
@@ -191,6 +209,9 @@ def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple) -> torch.Tensor:
         return torch.randint(int(low), int(high) + 1, shape, generator=g, dtype=t.dtype)
     if ((t == 0) | (t == 1)).all():
         return (torch.rand(shape, generator=g) < 0.5).to(t.dtype)
+    if grid:
+        steps = torch.randint(math.ceil(low / grid), math.floor(high / grid) + 1, shape, generator=g)
+        return (steps * grid).to(t.dtype)
     return uniform(g, low, high, *shape, dtype=t.dtype)
 
 
@@ -203,6 +224,10 @@ class BasicFamily:
     @property
     def id(self) -> str:
         return self.task.id
+
+    @property
+    def shortcuts(self) -> dict[str, str]:
+        return self.task.shortcuts
 
     def instance(self, tier: str, seed: int) -> Instance:
         return basic_instance(self.task, seed)

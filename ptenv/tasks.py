@@ -25,6 +25,12 @@ class Task:
     degenerate_ok: dict[str, str] = field(default_factory=dict)
     # Why the reference recomputed in float64 may fail the grader (the tolerance gate), when it does.
     float64_off: str = ""
+    # Plausible wrong procedures (name -> code), each graded 0: a seeded instance where one earns the
+    # reward is redrawn (see ptenv.families.Family).
+    shortcuts: dict[str, str] = field(default_factory=dict)
+    # Redrawn float inputs are multiples of this step (0: any value), so that the thresholds the task
+    # compares against occur in the data and a flipped bound is caught.
+    grid: float = 0.0
     # Parameters a seeded instance may change: a literal of the instruction and solution (e.g. "0.1"
     # for a learning rate) -> the other values it may take; every occurrence in both is replaced.
     vary: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -56,7 +62,8 @@ TASKS = [
     Task("tensor_ops/column_std_unbiased",
          "The sample standard deviation of each column of `x`, with Bessel's correction (divide by N - 1).",
          {"x": "(torch.linspace(0.0, 2.0, 12) ** 2).reshape(4, 3)"},
-         "result = x.std(dim=0)\n"),
+         "result = x.std(dim=0)\n",
+         shortcuts={"biased_std": "result = x.std(dim=0, correction=0)\n"}),
     Task("tensor_ops/row_argmax",
          "The index of the largest element in each row of `x`.",
          {"x": "(torch.arange(20) * 7 % 20 * 0.3 - 2.5).reshape(4, 5)"},
@@ -80,7 +87,10 @@ TASKS = [
          "A boolean mask that is True exactly where -0.5 <= `x` < 1.0.",
          {"x": "torch.linspace(-2.5, 2.25, 20).reshape(4, 5)"},
          "result = (x >= -0.5) & (x < 1.0)\n",
-         vary={"-0.5": ("-1.0", "-0.25"), "1.0": ("0.5", "1.5")}),
+         vary={"-0.5": ("-1.0", "-0.25"), "1.0": ("0.5", "1.5")},
+         grid=0.25,
+         shortcuts={"lower_bound_excluded": "result = (x > -0.5) & (x < 1.0)\n",
+                    "upper_bound_included": "result = (x >= -0.5) & (x <= 1.0)\n"}),
     Task("tensor_ops/sort_descending",
          "Sort each row of `x` in descending order (the sorted values, not the indices).",
          {"x": "(torch.arange(15) * 4 % 15 * 0.3 - 2.0).reshape(3, 5)"},
@@ -111,7 +121,8 @@ TASKS = [
          "Convert `x` to torch.int32 the way `Tensor.to` does (fractions truncated toward zero).",
          {"x": "torch.linspace(-3.5, 3.5, 12).reshape(3, 4)"},
          "result = x.to(torch.int32)\n",
-         vary={"torch.int32": ("torch.int16", "torch.int64")}),
+         vary={"torch.int32": ("torch.int16", "torch.int64")},
+         shortcuts={"floor_not_trunc": "result = x.floor().to(torch.int32)\n"}),
     # ---------------------------------------------------------------- nn_modules
     Task("nn_modules/linear_explicit",
          "Apply `torch.nn.Linear(4, 3)` whose weight is `w` and bias is `b` to `x`.",
@@ -134,7 +145,8 @@ TASKS = [
          "    net[0].bias.copy_(b1)\n"
          "    net[2].weight.copy_(w2)\n"
          "    net[2].bias.copy_(b2)\n"
-         "result = net(x).detach()\n"),
+         "result = net(x).detach()\n",
+         shortcuts={"no_relu": "result = torch.sigmoid((x @ w1.T + b1) @ w2.T + b2)\n"}),
     Task("nn_modules/conv2d_padding",
          "Apply `torch.nn.Conv2d(2, 2, kernel_size=3, padding=1)` whose weight is `w` and bias is `b` to `x`.",
          {"x": "torch.linspace(-1.0, 1.0, 50).reshape(1, 2, 5, 5)", "w": "torch.linspace(-0.3, 0.4, 36).reshape(2, 2, 3, 3)",
@@ -156,7 +168,8 @@ TASKS = [
          {"x": "torch.linspace(-3.0, 3.0, 13)"},
          "result = torch.nn.GELU()(x)\n",
          float64_off="known defect: at x = -3 torch's float32 GELU kernel is 5e-7 (1e-4 relative) off the true "
-                     "value, so the exact formula, in float64 or even in float32, fails; the row stays byte-identical"),
+                     "value, so the exact formula, in float64 or even in float32, fails; the row stays byte-identical",
+         shortcuts={"tanh_approximation": "result = torch.nn.functional.gelu(x, approximate='tanh')\n"}),
     Task("nn_modules/softmax_columns",
          "The softmax of `x` over dimension 0, so that each column sums to 1.",
          {"x": "(torch.arange(12) * 5 % 12 * 0.4 - 2.0).reshape(3, 4)"},
@@ -183,7 +196,9 @@ TASKS = [
          "Apply `torch.nn.AvgPool2d(kernel_size=3, stride=2, padding=1)` to `x` (default count_include_pad=True: "
          "padded zeros count in each average).",
          {"x": "torch.linspace(-1.0, 2.0, 50).reshape(1, 2, 5, 5)"},
-         "result = torch.nn.AvgPool2d(kernel_size=3, stride=2, padding=1)(x)\n"),
+         "result = torch.nn.AvgPool2d(kernel_size=3, stride=2, padding=1)(x)\n",
+         shortcuts={"padding_not_counted":
+                    "result = torch.nn.functional.avg_pool2d(x, 3, 2, 1, count_include_pad=False)\n"}),
     Task("nn_modules/flatten_linear",
          "Apply `torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))` to `x`, where the Linear "
          "has weight `w` and bias `b`.",
@@ -234,7 +249,9 @@ TASKS = [
          "x = x.clone().requires_grad_()\n"
          "target = (x ** 2).detach()\n"
          "loss = ((x - target) ** 2).sum()\n"
-         "(result,) = torch.autograd.grad(loss, x)\n"),
+         "(result,) = torch.autograd.grad(loss, x)\n",
+         shortcuts={"target_not_detached":
+                    "x.requires_grad_()\n(result,) = torch.autograd.grad(((x - x ** 2) ** 2).sum(), x)\n"}),
     Task("autograd/second_derivative",
          "For `f = (x ** 3 * torch.sin(x)).sum()`, the second derivative of `f` with respect to each "
          "element of `x` (the diagonal of the Hessian), using `torch.autograd.grad` with `create_graph=True`.",
@@ -250,14 +267,17 @@ TASKS = [
          "w = w.clone().requires_grad_()\n"
          "loss = torch.tanh(x @ w).sum()\n"
          "(g,) = torch.autograd.grad(loss, w, create_graph=True)\n"
-         "(result,) = torch.autograd.grad((g ** 2).sum(), w)\n"),
+         "(result,) = torch.autograd.grad((g ** 2).sum(), w)\n",
+         shortcuts={"first_gradient":
+                    "w.requires_grad_()\n(result,) = torch.autograd.grad(torch.tanh(x @ w).sum(), w)\n"}),
     # ---------------------------------------------------------------- losses
     Task("losses/mse_mean_grad",
          "The gradient with respect to `pred` of `torch.nn.MSELoss()` (mean reduction) between `pred` and `target`.",
          {"pred": "torch.linspace(-1.0, 1.0, 12).reshape(3, 4)", "target": "torch.linspace(0.5, -0.3, 12).reshape(3, 4)"},
          "pred = pred.clone().requires_grad_()\n"
          "torch.nn.MSELoss()(pred, target).backward()\n"
-         "result = pred.grad\n"),
+         "result = pred.grad\n",
+         shortcuts={"sum_not_mean": "result = 2 * (pred - target)\n"}),
     Task("losses/cross_entropy_mean",
          "For each of the 3 mini-batches `logits[i]` (4 samples, 5 classes) with class targets `target[i]`, the "
          "mean cross-entropy loss (`torch.nn.CrossEntropyLoss()` with its default mean reduction).",
@@ -274,7 +294,9 @@ TASKS = [
          "`pos_weight=pos_weight`, for raw scores `logits` and 0/1 targets `target`.",
          {"logits": "torch.linspace(-2.0, 2.5, 12).reshape(4, 3)",
           "target": "(torch.arange(12).reshape(4, 3) % 2).to(torch.float32)", "pos_weight": "torch.tensor([1.0, 2.0, 0.5])"},
-         "result = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight, reduction='none')(logits, target)\n"),
+         "result = torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight, reduction='none')(logits, target)\n",
+         shortcuts={"pos_weight_dropped":
+                    "result = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction='none')\n"}),
     Task("losses/l1_per_sample",
          "The mean absolute error of each row (sample) of `pred` against `target` (`torch.nn.L1Loss(reduction='none')` "
          "averaged over the last dimension).",
@@ -309,7 +331,11 @@ TASKS = [
          "    ((x @ w.T - y) ** 2).mean().backward()\n"
          "    opt.step()\n"
          "result = w.detach().clone()\n",
-         vary={"0.1": ("0.05", "0.2"), "0.9": ("0.5", "0.8")}),
+         vary={"0.1": ("0.05", "0.2"), "0.9": ("0.5", "0.8")},
+         shortcuts={"grad_not_zeroed":
+                    "w = torch.nn.Parameter(w)\nopt = torch.optim.SGD([w], lr=0.1, momentum=0.9)\n"
+                    "for _ in range(2):\n    ((x @ w.T - y) ** 2).mean().backward()\n    opt.step()\n"
+                    "result = w.detach()\n"}),
     Task("optim/adam_step",
          "Make `w` a parameter, compute `loss = ((x @ w.T - y) ** 2).mean()`, and take one step of "
          "`torch.optim.Adam([w], lr=0.01, betas=(0.9, 0.99))`; return the updated parameter values.",
@@ -343,7 +369,10 @@ TASKS = [
          "((x @ w.T + b - y) ** 2).sum().backward()\n"
          "torch.nn.utils.clip_grad_norm_([w, b], max_norm=1.0)\n"
          "result = torch.cat([w.grad.flatten(), b.grad])\n",
-         vary={"1.0": ("0.5", "2.0")}),
+         vary={"1.0": ("0.5", "2.0")},
+         shortcuts={"unclipped":
+                    "w, b = torch.nn.Parameter(w), torch.nn.Parameter(b)\n((x @ w.T + b - y) ** 2).sum().backward()\n"
+                    "result = torch.cat([w.grad.flatten(), b.grad])\n"}),
 ]
 
 # Tasks whose instruction or solution names its sizes (or whose answer could come out empty on

@@ -137,7 +137,16 @@ FAMILIES = [
            "with torch.no_grad():\n"
            "    for name, value in [('weight_ih_l0', w_ih), ('weight_hh_l0', w_hh), ('bias_ih_l0', b_ih), ('bias_hh_l0', b_hh)]:\n"
            "        getattr(gru, name).copy_(value)\n"
-           "    result = gru(x, h0[None])[0]\n"),
+           "    result = gru(x, h0[None])[0]\n",
+           shortcuts={"gate_swapped":
+               "h, outs = h0, []\n"
+               "for xt in x:\n"
+               "    ir, iz, in_ = (xt @ w_ih.T + b_ih).chunk(3, dim=1)\n"
+               "    hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, dim=1)\n"
+               "    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)\n"
+               "    h = z * torch.tanh(in_ + r * hn) + (1 - z) * h\n"
+               "    outs.append(h)\n"
+               "result = torch.stack(outs)\n"}),
     Family("nn_modules/lstm_from_weights",
            "Run an LSTM over the sequence `x` (time, batch, input) from the states `h0` and `c0`, with explicit "
            "weights whose rows are four blocks of $h in the order i, f, g, o: at each step, with "
@@ -237,7 +246,12 @@ FAMILIES = [
            "    w = w - $lr * $wd * w\n"
            "    m, v = $beta1 * m + (1 - $beta1) * g, $beta2 * v + (1 - $beta2) * g ** 2\n"
            "    w = w - $lr * (m / (1 - $beta1 ** t)) / ((v / (1 - $beta2 ** t)).sqrt() + $eps)\n"
-           "result = w\n"),
+           "result = w\n",
+           shortcuts={"adam_l2_decay":
+               "w = torch.nn.Parameter(w.clone())\n"
+               "opt = torch.optim.Adam([w], lr=$lr, betas=($beta1, $beta2), eps=$eps, weight_decay=$wd)\n"
+               "for _ in range($steps):\n    opt.zero_grad()\n    ((x @ w - y) ** 2).mean().backward()\n    opt.step()\n"
+               "result = w.detach().clone()\n"}),
     Family("optim/warmup_cosine_momentum",
            "Minimise `loss(w) = mean((x @ w - y) ** 2)` for $steps steps of gradient descent with momentum $mu "
            "(`buf = g` at the first step, then `buf = $mu * buf + g`; `w = w - lr_t * buf`), where step "

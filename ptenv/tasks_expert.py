@@ -104,25 +104,30 @@ def _nucleus(g):
         logits[0, randint(g, 0, v - 1)] += 8.0  # one peaked row: the nucleus is a single token
         logits[1] = normal(g, v, scale=0.2)  # one flat row: top-k binds before top-p
         u = uniform(g, 0.02, 0.98, b)
-        if _nucleus_margin(logits.double(), u.double(), float(temp), k, float(p)) > 1e-4:
+        probs = torch.softmax(logits.double() / float(temp), -1)
+        tokens, gap = _nucleus_walk(probs, u.double(), k, float(p))
+        # The family's shortcuts (greedy; no filter, top-k only, top-p only) must each miss a row.
+        shortcuts = [probs.argmax(-1).tolist()] + [
+            _nucleus_walk(probs, u.double(), kk, pp)[0] for kk, pp in ((v, 1.0), (k, 1.0), (v, float(p)))]
+        if gap > 1e-4 and tokens not in shortcuts:
             return {"temp": temp, "k": k, "p": p}, {"logits": logits, "u": u}
     raise AssertionError("no draw with clear margins")
 
 
-def _nucleus_margin(logits, u, temp, k, p):
-    """The smallest distance of a cumulative sum the procedure compares from p or u (float64)."""
-    probs = torch.softmax(logits / temp, -1)
-    gap = 1.0
+def _nucleus_walk(probs, u, k, p):
+    """The sampling procedure in float64: each row's token, and the smallest distance of a cumulative
+    sum it compares from p or u (a margin, so float32 answers take the same branches)."""
+    tokens, gap = [], 1.0
     for row, ub in zip(probs, u):
         sorted_p, order = torch.sort(row, descending=True, stable=True)
-        q = sorted_p[:k] / sorted_p[:k].sum()
-        c = q.cumsum(0)
+        c = (sorted_p[:k] / sorted_p[:k].sum()).cumsum(0)
         gap = min(gap, float((c[:-1] - p).abs().min()))
-        n = int((c < p).sum()) + 1
-        tokens = order[:n].sort().values
-        cr = (row[tokens] / row[tokens].sum()).cumsum(0)
+        n = min(int((c < p).sum()) + 1, k)
+        kept = order[:n].sort().values
+        cr = (row[kept] / row[kept].sum()).cumsum(0)
         gap = min(gap, float((cr - ub).abs().min()))
-    return gap
+        tokens.append(int(kept[min(int((cr <= ub).sum()), n - 1)]))
+    return tokens, gap
 
 
 def _gqa(g):
@@ -288,6 +293,41 @@ def _reflect_conv(g):
 _SCHEDULE = ("$lr * (t + 1) / $warmup if t < $warmup else "
              "$lr_min + 0.5 * ($lr - $lr_min) * (1 + math.cos(math.pi * (t - $warmup) / ($steps - $warmup)))")
 
+# torch's AdamW with the schedule; `backward` accumulates step t's gradients.
+_ADAMW_LOOP = ("import math\n"
+               "W, b = torch.nn.Parameter(W.clone()), torch.nn.Parameter(b.clone())\n"
+               "opt = torch.optim.AdamW([{{'params': [W], 'weight_decay': $wd}}, {{'params': [b], 'weight_decay': 0.0}}],\n"
+               "                        lr=$lr, betas=($beta1, $beta2), eps=$eps)\n"
+               "for t in range($steps):\n"
+               f"    lr_t = {_SCHEDULE}\n"
+               "    for group in opt.param_groups:\n"
+               "        group['lr'] = lr_t\n"
+               "    opt.zero_grad()\n"
+               "    {backward}\n"
+               "    torch.nn.utils.clip_grad_norm_([W, b], $max_norm)\n"
+               "    opt.step()\n"
+               "result = torch.cat([W.detach().flatten(), b.detach()])\n")
+
+# Wrong procedures for top-k/top-p sampling: `sample` draws from the tokens `keep` marks, as step (4) does.
+_SAMPLE = ("def sample(keep):\n"
+           "    probs = torch.softmax(logits / $temp, -1)\n"
+           "    out = []\n"
+           "    for b in range(len(probs)):\n"
+           "        tokens = torch.nonzero(keep[b]).flatten()\n"
+           "        r = probs[b, tokens] / probs[b, tokens].sum()\n"
+           "        out.append(tokens[min(int((r.cumsum(0) <= u[b]).sum()), len(tokens) - 1)])\n"
+           "    return torch.stack(out)\n"
+           "ranked = torch.sort(logits, dim=-1, descending=True, stable=True).indices\n"
+           "def first(n):\n"
+           "    return torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ranked[:, :n], True)\n")
+_NUCLEUS_SHORTCUTS = {
+    "greedy": "result = logits.argmax(-1)\n",
+    "no_filter": _SAMPLE + "result = sample(torch.ones_like(logits, dtype=torch.bool))\n",
+    "top_k_only": _SAMPLE + "result = sample(first($k))\n",
+    "top_p_only": _SAMPLE + "c = torch.softmax(logits / $temp, -1).sort(dim=-1, descending=True, stable=True).values.cumsum(-1)\n"
+                  "result = sample(torch.stack([first(int((row < $p).sum()) + 1)[b] for b, row in enumerate(c)]))\n",
+}
+
 FAMILIES = [
     Family("optim/accumulated_adamw_clip_schedule",
            "Train the linear model `pred = X[s] @ W.T + b` for $steps optimiser steps s = 0, 1, ..., $steps - 1; "
@@ -305,20 +345,8 @@ FAMILIES = [
            "`p = p - lr * (m / (1 - $beta1 ** t)) / (sqrt(v / (1 - $beta2 ** t)) + $eps)`. "
            "`result` is `W` flattened row by row followed by `b`, after the last step.",
            _accumulated_adamw,
-           "import math\n"
-           "W, b = torch.nn.Parameter(W.clone()), torch.nn.Parameter(b.clone())\n"
-           "opt = torch.optim.AdamW([{'params': [W], 'weight_decay': $wd}, {'params': [b], 'weight_decay': 0.0}],\n"
-           "                        lr=$lr, betas=($beta1, $beta2), eps=$eps)\n"
-           "for t in range($steps):\n"
-           f"    lr_t = {_SCHEDULE}\n"
-           "    for group in opt.param_groups:\n"
-           "        group['lr'] = lr_t\n"
-           "    opt.zero_grad()\n"
-           "    for xb, yb in zip(X[t].split($sizes), Y[t].split($sizes)):\n"
-           "        (((xb @ W.T + b - yb) ** 2).mean() / $count).backward()\n"
-           "    torch.nn.utils.clip_grad_norm_([W, b], $max_norm)\n"
-           "    opt.step()\n"
-           "result = torch.cat([W.detach().flatten(), b.detach()])\n",
+           _ADAMW_LOOP.format(backward="for xb, yb in zip(X[t].split($sizes), Y[t].split($sizes)):\n"
+                                       "        (((xb @ W.T + b - yb) ** 2).mean() / $count).backward()"),
            "import math\n"
            "params = [W.clone(), b.clone()]\n"
            "m = [torch.zeros_like(p) for p in params]\n"
@@ -340,7 +368,8 @@ FAMILIES = [
            "        v[i] = $beta2 * v[i] + (1 - $beta2) * grads[i] ** 2\n"
            "        params[i] = params[i] - lr_t * (m[i] / (1 - $beta1 ** (t + 1))) / "
            "((v[i] / (1 - $beta2 ** (t + 1))).sqrt() + $eps)\n"
-           "result = torch.cat([params[0].flatten(), params[1]])\n"),
+           "result = torch.cat([params[0].flatten(), params[1]])\n",
+           shortcuts={"whole_batch_mean": _ADAMW_LOOP.format(backward="((X[t] @ W.T + b - Y[t]) ** 2).mean().backward()")}),
     Family("losses/ctc_negative_log_likelihood",
            "Connectionist temporal classification. Class 0 is the blank. Sequence `b` has "
            "`input_lengths[b]` frames (the later frames of `logits[b]` are padding and play no part), and frame `t` "
@@ -461,7 +490,18 @@ FAMILIES = [
            "    if alive[i]:\n"
            "        kept.append(i)\n"
            "        alive &= ~suppress[i]\n"
-           "result = torch.tensor(kept)\n"),
+           "result = torch.tensor(kept)\n",
+           shortcuts={"suppress_at_threshold":
+               "x1, y1, x2, y2 = boxes.unbind(1)\n"
+               "area = (x2 - x1) * (y2 - y1)\n"
+               "iw = (torch.minimum(x2[:, None], x2[None]) - torch.maximum(x1[:, None], x1[None])).clamp(min=0)\n"
+               "ih = (torch.minimum(y2[:, None], y2[None]) - torch.maximum(y1[:, None], y1[None])).clamp(min=0)\n"
+               "iou = iw * ih / (area[:, None] + area[None] - iw * ih)\n"
+               "suppress = (iou >= $thr) & (classes[:, None] == classes[None])\n"
+               "alive, kept = torch.ones(len(scores), dtype=torch.bool), []\n"
+               "for i in torch.sort(-scores, stable=True).indices.tolist():\n"
+               "    if alive[i]:\n        kept.append(i)\n        alive &= ~suppress[i]\n"
+               "result = torch.tensor(kept)\n"}),
     Family("tensor_ops/top_k_top_p_sampling",
            "Sample one token per row of `logits` (batch, vocabulary) from the uniform draw `u[b]`: "
            "(1) `probs = softmax(logits[b] / $temp)`; (2) rank the tokens by decreasing `probs` (equal "
@@ -503,7 +543,8 @@ FAMILIES = [
            "            choice = i\n"
            "            break\n"
            "    rows.append(choice)\n"
-           "result = torch.tensor(rows)\n"),
+           "result = torch.tensor(rows)\n",
+           shortcuts=_NUCLEUS_SHORTCUTS),
     Family("nn_modules/gqa_rope_kv_cache",
            "One decoding step of grouped-query attention with a key/value cache. `x` (batch, T, E) holds T new "
            "tokens; the cache holds P earlier positions per batch element, `k_cache` and `v_cache` (batch, $hkv "
@@ -558,7 +599,24 @@ FAMILIES = [
            "        for i in range(T):\n"
            "            s = keys[:visible + i + 1] @ q[b, h, i] / math.sqrt($dh)\n"
            "            out[b, i, h] = torch.softmax(s, 0) @ values[:visible + i + 1]\n"
-           "result = out.reshape(B, T, $hq * $dh) @ wo.T\n"),
+           "result = out.reshape(B, T, $hq * $dh) @ wo.T\n",
+           shortcuts={"heads_tiled_not_grouped":
+               "B, T, E = x.shape\n"
+               "P = k_cache.shape[2]\n"
+               "def rope(t):\n"
+               "    angle = torch.arange(P, P + T)[:, None] * $base ** (-2 * torch.arange($half) / $dh)\n"
+               "    a, c = t[..., :$half], t[..., $half:]\n"
+               "    return torch.cat([a * angle.cos() - c * angle.sin(), a * angle.sin() + c * angle.cos()], -1)\n"
+               "heads = lambda m, n: (x @ m.T).reshape(B, T, n, $dh).transpose(1, 2)\n"
+               "q, k, v = rope(heads(wq, $hq)), rope(heads(wk, $hkv)), heads(wv, $hkv)\n"
+               "keys = torch.cat([k_cache, k], 2).repeat(1, $group, 1, 1)\n"
+               "values = torch.cat([v_cache, v], 2).repeat(1, $group, 1, 1)\n"
+               "scores = q @ keys.transpose(-1, -2) / $dh ** 0.5\n"
+               "cache_ok = (torch.arange(P)[None, :] >= pad[:, None])[:, None, :].expand(B, T, P)\n"
+               "causal = torch.ones(T, T, dtype=torch.bool).tril()[None].expand(B, T, T)\n"
+               "allowed = torch.cat([cache_ok, causal], -1)[:, None]\n"
+               "weights = torch.softmax(scores.masked_fill(~allowed, float('-inf')), -1)\n"
+               "result = (weights @ values).transpose(1, 2).reshape(B, T, $hq * $dh) @ wo.T\n"}),
     Family("tensor_ops/connected_components_8",
            "Label the connected components of the foreground (the 1s) of each image `grid[b]` (0 is background). "
            "Two foreground cells are connected when they are neighbours in any of the 8 directions (diagonals "
@@ -663,7 +721,14 @@ FAMILIES = [
            "    W1, W2 = sum(ws), sum(v * v for v in ws)\n"
            "    m = sum(a * b for a, b in zip(ws, ds)) / W1\n"
            "    out.append(sum(a * (b - m) ** 2 for a, b in zip(ws, ds)) / (W1 - W2 / W1))\n"
-           "result = torch.tensor(out, dtype=torch.float32)\n"),
+           "result = torch.tensor(out, dtype=torch.float32)\n",
+           shortcuts={"float32_sums":
+               "W1 = torch.zeros($s).index_add(0, seg, w)\n"
+               "W2 = torch.zeros($s).index_add(0, seg, w ** 2)\n"
+               "count = torch.zeros($s).index_add(0, seg, torch.ones_like(w))\n"
+               "mean = torch.zeros($s).index_add(0, seg, w * x) / W1.clamp(min=1e-30)\n"
+               "ss = torch.zeros($s).index_add(0, seg, w * (x - mean[seg]) ** 2)\n"
+               "result = torch.where(count > 1, ss / torch.where(count > 1, W1 - W2 / W1, 1.0), 0.0)\n"}),
     Family("losses/censored_exponential_nll",
            "Negative log-likelihood per row under an exponential distribution with rate `exp(eta[i])` "
            "(density `rate * exp(-rate * t)` for t >= 0), by the kind of observation: `kind[i] == 0`, the event "
@@ -689,7 +754,11 @@ FAMILIES = [
            "        out.append(rate * l)\n"
            "    else:\n"
            "        out.append(rate * l - math.log(-math.expm1(-rate * (h - l))))\n"
-           "result = torch.tensor(out, dtype=torch.float32)\n"),
+           "result = torch.tensor(out, dtype=torch.float32)\n",
+           shortcuts={"exp_difference":
+               "rate, l, h = eta.double().exp(), lo.double(), hi.double()\n"
+               "interval = -torch.log(torch.exp(-rate * l) - torch.exp(-rate * h))\n"
+               "result = torch.where(kind == 0, rate * l - eta, torch.where(kind == 1, rate * l, interval)).float()\n"}),
     Family("nn_modules/beam_search_length_penalty",
            "Beam search with beam width $k, at most $L tokens and end token $eos, for each batch element b. A "
            "hypothesis is a token sequence; its log-probability `s` is the sum of its tokens' log-probabilities: "

@@ -162,7 +162,10 @@ FAMILIES = [
            _divmod,
            "q_floor = torch.div(a, b, rounding_mode='floor')\n"
            "q_trunc = torch.div(a, b, rounding_mode='trunc')\n"
-           "result = torch.stack([q_floor, a - b * q_floor, q_trunc, a - b * q_trunc])\n"),
+           "result = torch.stack([q_floor, a - b * q_floor, q_trunc, a - b * q_trunc])\n",
+           shortcuts={"truncation_for_both":
+               "q = torch.div(a, b, rounding_mode='trunc')\n"
+               "result = torch.stack([q, a - b * q, q, a - b * q])\n"}),
     Family("nn_modules/logsumexp_extreme",
            "`log(sum(exp(x)))` over dimension $dim of `x` (that dimension removed), computed so that it "
            "neither overflows nor underflows: the entries of `x` are in the hundreds.",
@@ -191,7 +194,11 @@ FAMILIES = [
            "result = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n",
            "t = q.shape[1]\n"
            "allowed = torch.ones(t, t, dtype=torch.bool).tril() & (torch.arange(t) < lengths[:, None, None])\n"
-           "result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)\n"),
+           "result = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed)\n",
+           shortcuts={"padding_ignored":
+               "scores = (q @ k.transpose(1, 2)) / $d ** 0.5\n"
+               "allowed = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()\n"
+               "result = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n"}),
     Family("nn_modules/batch_norm_training",
            "One training-mode batch-norm step over `x` (N, C, L), per channel `c`: normalise with the batch mean "
            "and the biased batch variance over the N and L dimensions, `y = (x - mean) / sqrt(var + $eps) * "
@@ -208,7 +215,11 @@ FAMILIES = [
            "y = (x - mean[:, None]) / torch.sqrt(var[:, None] + $eps) * weight[:, None] + bias[:, None]\n"
            "rm = (1 - $momentum) * running_mean + $momentum * mean\n"
            "rv = (1 - $momentum) * running_var + $momentum * x.var(dim=(0, 2), unbiased=True)\n"
-           "result = torch.cat([y.flatten(), rm, rv])\n"),
+           "result = torch.cat([y.flatten(), rm, rv])\n",
+           shortcuts={"momentum_complement":
+               "rm, rv = running_mean.clone(), running_var.clone()\n"
+               "y = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, training=True, momentum=1 - $momentum, eps=$eps)\n"
+               "result = torch.cat([y.flatten(), rm, rv])\n"}),
     Family("nn_modules/group_norm",
            "Group normalisation of `x` (N, C, H, W) with $groups groups: the channels are split into $groups "
            "consecutive equal groups; each (sample, group) is normalised over its channels and all H*W positions "
@@ -288,7 +299,9 @@ FAMILIES = [
            "    dist = torch.full_like(logp, $eps / l.shape[1])\n"
            "    dist[torch.arange(len(logp)), t[keep]] += 1 - $eps\n"
            "    losses.append(-(dist * logp).sum(1).mean())\n"
-           "result = torch.stack(losses)\n"),
+           "result = torch.stack(losses)\n",
+           shortcuts={"no_smoothing":
+               "result = torch.stack([torch.nn.functional.cross_entropy(l, t, ignore_index=-100) for l, t in zip(logits, target)])\n"}),
     Family("losses/focal_loss",
            "The focal loss of each sample: with `p` the softmax of its row of `logits` and `t` its target class, "
            "`loss = -alpha[t] * (1 - p[t]) ** $gamma * log(p[t])`.",

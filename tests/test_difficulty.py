@@ -1,5 +1,6 @@
 """bench/difficulty.py through the real vf-eval: a long measurement stopped part-way goes on from
-its --out directory without redoing a rollout, and a run of other rows is never resumed into."""
+its --out directory without redoing a rollout, a run of other rows is never resumed into, and a
+rollout of a row that changed since is redone."""
 
 import json
 import subprocess
@@ -46,3 +47,21 @@ def test_a_run_of_other_rows_is_not_resumed(tmp_path):
         assert refused.returncode != 0
         assert "cannot resume it as" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
         assert rollouts(tmp_path) == done
+
+
+def test_a_rollout_of_a_row_that_changed_since_is_redone(tmp_path):
+    assert difficulty(tmp_path, "-n", "2").returncode == 0
+    first, second = rollouts(tmp_path)
+    assert json.loads(first)["info"]["row"] != json.loads(second)["info"]["row"]
+    changed = json.loads(second)
+    changed["info"]["row"] = "0" * 16  # as if the task had been fixed after this rollout
+    (results,) = tmp_path.glob("intermediate/evals/*/*/results.jsonl")
+    results.write_text(first + "\n" + json.dumps(changed) + "\n")
+
+    again = difficulty(tmp_path, "-n", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "dropped 1 rollouts of rows that changed since" in again.stdout
+    now = rollouts(tmp_path)
+    assert len(now) == 2 and first in now
+    assert {json.loads(line)["info"]["row"] for line in now} == {json.loads(first)["info"]["row"],
+                                                                 json.loads(second)["info"]["row"]}

@@ -1,6 +1,7 @@
 """The catalogue, the dataset built from it, the --verify gate and the strict row loader."""
 
 import copy
+import hashlib
 import importlib.util
 import json
 import re
@@ -86,14 +87,26 @@ def test_inputs_are_built_without_randomness_or_initialisers():
             assert calls <= allowed, (task.id, calls - allowed)
 
 
-def test_train_jsonl_equals_a_fresh_build_and_the_cli_build_is_byte_identical(tmp_path):
+TRAIN_SHA256 = "4a726fdaeb6a5ff87bd2a45e1282f68754f5221f7d2805f4838e26e39fe70ff7"  # the canonical set, unchanged
+
+
+def test_train_jsonl_is_the_canonical_set_and_equals_a_fresh_build(tmp_path):
+    assert hashlib.sha256(TRAIN.read_bytes()).hexdigest() == TRAIN_SHA256, "train.jsonl changed"
     fresh = dumps_rows([build_row(task) for task in TASKS])
-    committed = TRAIN.read_bytes()
-    assert fresh.encode("ascii") == committed, "train.jsonl is stale: run python build_tasks.py --out train.jsonl"
+    for mine, theirs in zip(load_rows_text(fresh), load_rows_text(TRAIN.read_text()), strict=True):
+        # Everything equal but the float bits of a matmul's result, which depend on the CPU's kernels
+        # (train.jsonl was built on one that rounds a few of them 1 ulp away from an AVX-512 EPYC's).
+        got, want = (codec.decode(row["info"].pop("expected_output")) for row in (mine, theirs))
+        assert mine == theirs
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     out = tmp_path / "again.jsonl"
     subprocess.run([sys.executable, str(ROOT / "build_tasks.py"), "--out", str(out)], check=True, cwd=tmp_path,
                    capture_output=True, timeout=120)
-    assert out.read_bytes() == committed
+    assert out.read_text() == fresh
+
+
+def load_rows_text(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def test_questions_state_every_input_and_the_exact_result_dtype_and_shape():
@@ -144,32 +157,20 @@ def test_a_justified_exception_lets_the_named_degenerate_answer_through_only():
     assert all(c.ok for c in build_tasks.check_task(excused))
 
 
-# Plausible mistakes a model makes; each must fail, so the tasks test the skill they name.
-NEAR_MISSES = {
-    "tensor_ops/column_std_unbiased": "result = x.std(dim=0, correction=0)",
-    "tensor_ops/band_mask": "result = (x > -0.5) & (x <= 1.0)",
-    "tensor_ops/cast_trunc_int32": "result = x.floor().to(torch.int32)",
-    "nn_modules/gelu_exact": "result = torch.nn.functional.gelu(x, approximate='tanh')",
-    "nn_modules/avg_pool": "result = torch.nn.functional.avg_pool2d(x, 3, 2, 1, count_include_pad=False)",
-    "nn_modules/mlp_relu_sigmoid": "result = torch.sigmoid((x @ w1.T + b1) @ w2.T + b2)",
-    "autograd/detach_target": "x.requires_grad_()\n(result,) = torch.autograd.grad(((x - x ** 2) ** 2).sum(), x)",
-    "autograd/gradient_penalty": "w.requires_grad_()\n(result,) = torch.autograd.grad(torch.tanh(x @ w).sum(), w)",
-    "losses/mse_mean_grad": "result = 2 * (pred - target)",
-    "losses/bce_with_logits": "result = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction='none')",
-    "optim/sgd_momentum": "w = torch.nn.Parameter(w)\nopt = torch.optim.SGD([w], lr=0.1, momentum=0.9)\n"
-                          "for _ in range(2):\n    ((x @ w.T - y) ** 2).mean().backward()\n    opt.step()\nresult = w.detach()",
-    "optim/clip_grad_norm": "w, b = torch.nn.Parameter(w), torch.nn.Parameter(b)\n((x @ w.T + b - y) ** 2).sum().backward()\n"
-                            "result = torch.cat([w.grad.flatten(), b.grad])",
-}
+SHORTCUT_TASKS = [task.id for task in TASKS if task.shortcuts]
 
 
-@pytest.mark.parametrize("task_id", NEAR_MISSES)
-def test_near_miss_solutions_fail(task_id):
+@pytest.mark.parametrize("task_id", SHORTCUT_TASKS)
+def test_each_shortcut_fails_on_the_canonical_task(task_id):
+    # A task's shortcuts are plausible mistakes; each must fail, so the task tests the skill it names.
     task = next(task for task in TASKS if task.id == task_id)
-    namespace = new_namespace(build_inputs(task))
-    exec(NEAR_MISSES[task_id], namespace)
-    answer = codec.decode(codec.encode(namespace["result"]))
-    assert grade(answer, run_reference(task).detach()).score == 0.0
+    expected = run_reference(task).detach()
+    for name, code in task.shortcuts.items():
+        namespace = new_namespace(build_inputs(task))
+        exec(code, namespace)
+        answer = codec.decode(codec.encode(namespace["result"]))
+        assert grade(answer, expected).score == 0.0, name
+    assert len(SHORTCUT_TASKS) >= 12
 
 
 def good_row() -> dict:

@@ -6,21 +6,21 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
-
-from string import Template
 
 import pytest
 import torch
 
 from ptenv import tiers
 from ptenv.dataset import TASK_ID, dumps_rows, parse_row
-from ptenv.families import MAX_DRAWS, Family, Instance, canonical_instance, first_gradable, normal, randint
-from ptenv.grader import grade
+from ptenv.families import (MAX_DRAWS, Family, Instance, canonical_instance, first_gradable, normal, randint,
+                            rewarded_shortcuts)
+from ptenv.grader import dtype_family, grade
 from ptenv.policy_server import rows_by_question
-from ptenv.session_ns import new_namespace
 from ptenv.source import DEFAULT_DATASET, load_tasks
 from ptenv.tasks import CATEGORIES, TASKS
+from ptenv.tasks_expert import _nucleus_walk
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("build_tasks", ROOT / "build_tasks.py")
@@ -225,101 +225,75 @@ def test_duplicate_rows_are_caught():
     assert build_tasks.duplicate_rows([rows[0], other]) == []
 
 
-# Plausible mistakes on the new tiers; each must fail, so the tasks test the understanding they state.
-NEAR_MISSES = {
-    "nn_modules/batch_norm_training":
-        "rm, rv = running_mean.clone(), running_var.clone()\n"
-        "y = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, training=True, momentum=1 - $momentum, eps=$eps)\n"
-        "result = torch.cat([y.flatten(), rm, rv])\n",
-    "nn_modules/causal_padded_attention":
-        "scores = (q @ k.transpose(1, 2)) / $d ** 0.5\n"
-        "allowed = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()\n"
-        "result = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n",
-    "tensor_ops/division_modes":
-        "q = torch.div(a, b, rounding_mode='trunc')\nresult = torch.stack([q, a - b * q, q, a - b * q])\n",
-    "losses/label_smoothing_ce":
-        "result = torch.stack([torch.nn.functional.cross_entropy(l, t, ignore_index=-100) for l, t in zip(logits, target)])\n",
-    "optim/adamw_written_out":
-        "w = torch.nn.Parameter(w.clone())\n"
-        "opt = torch.optim.Adam([w], lr=$lr, betas=($beta1, $beta2), eps=$eps, weight_decay=$wd)\n"
-        "for _ in range($steps):\n    opt.zero_grad()\n    ((x @ w - y) ** 2).mean().backward()\n    opt.step()\n"
-        "result = w.detach().clone()\n",
-    "nn_modules/gru_from_weights":
-        "h, outs = h0, []\n"
-        "for xt in x:\n"
-        "    ir, iz, in_ = (xt @ w_ih.T + b_ih).chunk(3, dim=1)\n"
-        "    hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, dim=1)\n"
-        "    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)\n"
-        "    h = z * torch.tanh(in_ + r * hn) + (1 - z) * h\n"
-        "    outs.append(h)\n"
-        "result = torch.stack(outs)\n",
-    # expert: the convention for unequal micro-batches, an IoU exactly at the threshold, float32 sums about a
-    # large offset, exp(-rate * lo) underflowing even in float64, and the kv-head grouping.
-    "optim/accumulated_adamw_clip_schedule":
-        "import math\n"
-        "W, b = torch.nn.Parameter(W.clone()), torch.nn.Parameter(b.clone())\n"
-        "opt = torch.optim.AdamW([{'params': [W], 'weight_decay': $wd}, {'params': [b], 'weight_decay': 0.0}],\n"
-        "                        lr=$lr, betas=($beta1, $beta2), eps=$eps)\n"
-        "for t in range($steps):\n"
-        "    lr_t = $lr * (t + 1) / $warmup if t < $warmup else "
-        "$lr_min + 0.5 * ($lr - $lr_min) * (1 + math.cos(math.pi * (t - $warmup) / ($steps - $warmup)))\n"
-        "    for group in opt.param_groups:\n        group['lr'] = lr_t\n"
-        "    opt.zero_grad()\n"
-        "    ((X[t] @ W.T + b - Y[t]) ** 2).mean().backward()\n"
-        "    torch.nn.utils.clip_grad_norm_([W, b], $max_norm)\n"
-        "    opt.step()\n"
-        "result = torch.cat([W.detach().flatten(), b.detach()])\n",
-    "tensor_ops/class_aware_nms":
-        "x1, y1, x2, y2 = boxes.unbind(1)\n"
-        "area = (x2 - x1) * (y2 - y1)\n"
-        "iw = (torch.minimum(x2[:, None], x2[None]) - torch.maximum(x1[:, None], x1[None])).clamp(min=0)\n"
-        "ih = (torch.minimum(y2[:, None], y2[None]) - torch.maximum(y1[:, None], y1[None])).clamp(min=0)\n"
-        "iou = iw * ih / (area[:, None] + area[None] - iw * ih)\n"
-        "suppress = (iou >= $thr) & (classes[:, None] == classes[None])\n"
-        "alive, kept = torch.ones(len(scores), dtype=torch.bool), []\n"
-        "for i in torch.sort(-scores, stable=True).indices.tolist():\n"
-        "    if alive[i]:\n        kept.append(i)\n        alive &= ~suppress[i]\n"
-        "result = torch.tensor(kept)\n",
-    "tensor_ops/segment_weighted_variance":
-        "W1 = torch.zeros($s).index_add(0, seg, w)\n"
-        "W2 = torch.zeros($s).index_add(0, seg, w ** 2)\n"
-        "count = torch.zeros($s).index_add(0, seg, torch.ones_like(w))\n"
-        "mean = torch.zeros($s).index_add(0, seg, w * x) / W1.clamp(min=1e-30)\n"
-        "ss = torch.zeros($s).index_add(0, seg, w * (x - mean[seg]) ** 2)\n"
-        "result = torch.where(count > 1, ss / torch.where(count > 1, W1 - W2 / W1, 1.0), 0.0)\n",
-    "losses/censored_exponential_nll":
-        "rate, l, h = eta.double().exp(), lo.double(), hi.double()\n"
-        "interval = -torch.log(torch.exp(-rate * l) - torch.exp(-rate * h))\n"
-        "result = torch.where(kind == 0, rate * l - eta, torch.where(kind == 1, rate * l, interval)).float()\n",
-    "nn_modules/gqa_rope_kv_cache":
-        "B, T, E = x.shape\n"
-        "P = k_cache.shape[2]\n"
-        "def rope(t):\n"
-        "    angle = torch.arange(P, P + T)[:, None] * $base ** (-2 * torch.arange($half) / $dh)\n"
-        "    a, c = t[..., :$half], t[..., $half:]\n"
-        "    return torch.cat([a * angle.cos() - c * angle.sin(), a * angle.sin() + c * angle.cos()], -1)\n"
-        "heads = lambda m, n: (x @ m.T).reshape(B, T, n, $dh).transpose(1, 2)\n"
-        "q, k, v = rope(heads(wq, $hq)), rope(heads(wk, $hkv)), heads(wv, $hkv)\n"
-        "keys = torch.cat([k_cache, k], 2).repeat(1, $group, 1, 1)\n"
-        "values = torch.cat([v_cache, v], 2).repeat(1, $group, 1, 1)\n"
-        "scores = q @ keys.transpose(-1, -2) / $dh ** 0.5\n"
-        "cache_ok = (torch.arange(P)[None, :] >= pad[:, None])[:, None, :].expand(B, T, P)\n"
-        "causal = torch.ones(T, T, dtype=torch.bool).tril()[None].expand(B, T, T)\n"
-        "allowed = torch.cat([cache_ok, causal], -1)[:, None]\n"
-        "weights = torch.softmax(scores.masked_fill(~allowed, float('-inf')), -1)\n"
-        "result = (weights @ values).transpose(1, 2).reshape(B, T, $hq * $dh) @ wo.T\n",
-}
+SHORTCUT_FAMILIES = [f.id for t in tiers.TIERS for f in tiers.families(t, "test") if f.shortcuts]
 
 
-@pytest.mark.parametrize("family_id", NEAR_MISSES)
-def test_near_miss_solutions_fail_on_new_tiers(family_id):
+def test_the_families_declare_their_plausible_mistakes_as_shortcuts():
+    assert len(SHORTCUT_FAMILIES) >= 24
+    assert {"tensor_ops/top_k_top_p_sampling", "tensor_ops/band_mask"} <= set(SHORTCUT_FAMILIES)
+
+
+@pytest.mark.parametrize("family_id", SHORTCUT_FAMILIES)
+def test_each_shortcut_is_a_near_miss_the_grader_rejects(family_id):
+    # A tensor of the answer's rank and kind (so the check is not vacuous), graded 0 on every instance.
     tier, family = tiers.find_family(family_id)
-    for seed in (0, 1, 2):
+    for split in tiers.SPLITS:
+        for k in range(3):
+            inst = family.instance(tier, tiers.instance_seed(0, k, split))
+            expected = build_tasks.run_solution(inst.solution, inst.inputs, inst.id).detach()
+            for name, code in inst.shortcuts.items():
+                answer = build_tasks.run_solution(code, inst.inputs, inst.id).detach()
+                assert answer.dim() == expected.dim(), (inst.id, name)
+                assert dtype_family(answer.dtype) == dtype_family(expected.dtype), (inst.id, name)
+                assert grade(answer, expected).score == 0.0, (inst.id, name)
+
+
+def test_top_k_top_p_sampling_is_never_solved_by_greedy_decoding_or_a_single_filter():
+    # Before the shortcuts, greedy decoding passed 8% of these instances and top-k alone 59%.
+    tier, family = tiers.find_family("tensor_ops/top_k_top_p_sampling")
+    for split in tiers.SPLITS:
+        for k in range(100):
+            inst = family.instance(tier, tiers.instance_seed(0, k, split))
+            expected = build_tasks.run_solution(inst.solution, inst.inputs, inst.id)
+            assert rewarded_shortcuts(inst, expected) == [], inst.id
+
+
+def test_the_sampling_shortcuts_are_the_procedures_they_name():
+    # Each shortcut agrees with the float64 procedure run with its filter switched off, so the gate is real.
+    tier, family = tiers.find_family("tensor_ops/top_k_top_p_sampling")
+    for seed in range(10):
         inst = family.instance(tier, seed)
-        namespace = new_namespace(inst.inputs)
-        exec(Template(NEAR_MISSES[family_id]).substitute(inst.params), namespace)
-        expected = build_tasks.run_solution(inst.solution, inst.inputs, inst.id)
-        assert grade(namespace["result"].detach().clone(), expected.detach()).score == 0.0, (family_id, seed)
+        logits, u, k, p = inst.inputs["logits"], inst.inputs["u"], inst.params["k"], float(inst.params["p"])
+        probs = torch.softmax(logits.double() / float(inst.params["temp"]), -1)
+        v = logits.shape[1]
+        assert build_tasks.run_solution(inst.shortcuts["greedy"], inst.inputs, inst.id).tolist() == \
+            probs.argmax(-1).tolist()
+        for name, (kk, pp) in {"no_filter": (v, 1.0), "top_k_only": (k, 1.0), "top_p_only": (v, p)}.items():
+            tokens, gap = _nucleus_walk(probs, u.double(), kk, pp)
+            if gap > 1e-4:  # far enough from every boundary for float32 to take the same branches
+                assert build_tasks.run_solution(inst.shortcuts[name], inst.inputs, inst.id).tolist() == tokens, name
+
+
+def flagged_family(shortcut: str) -> Family:
+    def sample(g):
+        return {"flag": randint(g, 0, 1)}, {"x": normal(g, randint(g, 3, 5))}
+
+    return Family("nn_modules/flagged", "synthetic", sample, "result = torch.exp(x)\n", shortcuts={"s": shortcut})
+
+
+def test_a_draw_whose_shortcut_earns_the_reward_is_redrawn():
+    family = flagged_family("result = torch.exp(x) if $flag else x\n")
+    assert any(family._draw("advanced", seed, 0).params["flag"] for seed in range(10))
+    assert all(family.instance("advanced", seed).params["flag"] == 0 for seed in range(10))
+    with pytest.raises(ValueError, match="the grader accepts this shortcut"):
+        flagged_family("result = torch.exp(x)\n").instance("advanced", 0)
+
+
+def test_the_build_check_fails_an_instance_whose_shortcut_earns_the_reward():
+    inst = instance("result = torch.exp(x)\n")
+    assert failed(build_tasks.check_instance(replace(inst, shortcuts={"wrong": "result = x\n"}))) == {}
+    reason = failed(build_tasks.check_instance(replace(inst, shortcuts={"same": "result = x.exp()\n"})))
+    assert reason == {"shortcuts": "grader accepts same"}
 
 
 def test_the_policy_server_serves_rows_that_share_an_instruction_only_with_one_solution(tmp_path):
