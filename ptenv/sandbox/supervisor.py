@@ -226,19 +226,25 @@ class Supervisor:
         control, child_end = socket.socketpair()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        on_model_side, on_model_side_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             try:
                 os.close(self.channel.detach())
                 os.close(control.detach())
                 self.enter_model_side(SCRATCH)
-                close_fds_except({child_end.fileno(), out_w, err_w})
+                close_fds_except({child_end.fileno(), out_w, err_w})  # closing on_model_side_w says so
                 Session(child_end, out_w, err_w, self.inputs, self.limits.output_bytes).serve()
             finally:
                 os._exit(SESSION_BROKEN)  # a cell broke the session's own code (e.g. patched builtins)
         child_end.close()
         os.close(out_w)
         os.close(err_w)
+        os.close(on_model_side_w)
+        # Wait until the session runs as the model (or is gone): until then the model's next
+        # command could not see it, and a `kill -9 -1` sent right after a reset would miss it.
+        select.select([on_model_side], [], [], self.limits.cell_timeout)
+        os.close(on_model_side)
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)
         self.session = {
