@@ -65,3 +65,26 @@ def test_a_rollout_of_a_row_that_changed_since_is_redone(tmp_path):
     assert len(now) == 2 and first in now
     assert {json.loads(line)["info"]["row"] for line in now} == {json.loads(first)["info"]["row"],
                                                                  json.loads(second)["info"]["row"]}
+
+
+def test_a_row_rebuilt_on_another_cpu_keeps_its_digest():
+    """Another CPU type computes some float32 outputs a last bit apart (a matmul's accumulation
+    order), which must not make a resumed measurement redo the row; a change to what the task
+    poses must."""
+    import torch
+
+    from ptenv import codec
+    from ptenv.dataset import row_digest
+    from ptenv.tiers import select
+
+    row = select(["advanced"], "test", 1, 0)[0].row()
+    expected = codec.decode(row["info"]["expected_output"])
+    last_bit = torch.nextafter(expected, torch.full_like(expected, torch.inf))
+    rebuilt = {**row, "info": {**row["info"], "expected_output": codec.encode(last_bit)}}
+    assert rebuilt["info"]["expected_output"] != row["info"]["expected_output"]
+    assert row_digest(rebuilt) == row_digest(row)
+
+    posed = [{**row, "question": row["question"] + " "},
+             {**row, "info": {**row["info"], "reference_solution": row["info"]["reference_solution"] + "\n"}},
+             {**row, "info": {**row["info"], "inputs": row["info"]["inputs"][::-1]}}]
+    assert len({row_digest(r) for r in posed} | {row_digest(row)}) == 4
