@@ -120,6 +120,7 @@ async def test_result_comes_back_as_a_plain_tensor_or_a_clean_failure(box):
         "class Liar(torch.Tensor):\n    pass\nresult = torch.ones(2).as_subclass(Liar)": "result is a Liar, not a torch.Tensor",
         "result = torch.empty(3, device='meta')": "result is a meta tensor",
         "result = 3": "result is a int, not a torch.Tensor",
+        "result = torch.sort(torch.ones(2))": "result is a torch.return_types.sort, not a torch.Tensor",
         "result = torch.ones(2).to_sparse()": "expected a dense tensor",
         "result = torch.zeros(17 * 2**20)": "over the 67108864-byte cap",
     }

@@ -127,7 +127,7 @@ class Session:
             return {"status": "missing"}
         try:
             if type(value) not in self.tensor_types:
-                return {"status": "invalid", "reason": f"result is a {type(value).__name__[:80]}, not a torch.Tensor"}
+                return {"status": "invalid", "reason": f"result is a {type_name(type(value))[:80]}, not a torch.Tensor"}
             if value.is_meta:
                 return {"status": "invalid", "reason": "result is a meta tensor"}
             return {"status": "ok", "result": codec.encode(value)}
@@ -171,3 +171,11 @@ def flush_stdio() -> None:
         except BaseException:
             pass
 
+
+def type_name(cls: type) -> str:
+    """A library type by its dotted path (`torch.return_types.sort`, not `sort`); builtins and the
+    session's own classes by name."""
+    module = cls.__module__
+    if not isinstance(module, str) or module in ("builtins", "__main__"):
+        return cls.__qualname__
+    return f"{module}.{cls.__qualname__}"
