@@ -25,12 +25,12 @@ from typing import NamedTuple
 
 import torch
 
-from ptenv import codec
-from ptenv.dataset import dumps_rows, run_solution, write_rows
-from ptenv.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts, unexcused
+from ptenv.inside import codec
+from ptenv.tasks.rows import dumps_rows, run_solution, write_rows
+from ptenv.tasks.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts, unexcused
 from ptenv.grader import dtype_family, grade
-from ptenv.tasks import TASKS, Task
-from ptenv.tiers import SPLITS, TIERS, instance_seed
+from ptenv.tasks.canonical import TASKS, Task
+from ptenv.tasks.tiers import SPLITS, TIERS, instance_seed
 
 
 class Check(NamedTuple):

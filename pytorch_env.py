@@ -3,10 +3,10 @@
 import verifiers
 
 if hasattr(verifiers, "SandboxEnv"):  # the classic API (verifiers <= 0.3.1): vf-eval calls load_environment
-    from ptenv.classic_env import PyTorchEnv, load_environment
+    from ptenv.env.classic import PyTorchEnv, load_environment
 
     __all__ = ["PyTorchEnv", "load_environment"]
 else:  # verifiers 0.4 (verifiers.v1): vf-eval takes the Taskset, harness and env defaults from __all__
-    from ptenv.v1_env import PyTorchHarness, PyTorchTaskset, PyTorchV1Env
+    from ptenv.env.v1 import PyTorchHarness, PyTorchTaskset, PyTorchV1Env
 
     __all__ = ["PyTorchTaskset", "PyTorchHarness", "PyTorchV1Env"]

@@ -16,10 +16,10 @@ import verifiers as vf
 
 import pytorch_env
 
-from ptenv import codec
-from ptenv.dataset import load_rows
+from ptenv.inside import codec
+from ptenv.tasks.rows import load_rows
 from ptenv.grader import grade
-from ptenv.session_ns import new_namespace
+from ptenv.inside.namespace import new_namespace
 
 ROOT = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("build_tasks", ROOT / "build_tasks.py")

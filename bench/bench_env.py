@@ -26,11 +26,14 @@ from pathlib import Path
 import verifiers as vf
 
 import pytorch_env
-from ptenv import proctree, session
-from ptenv.sandbox import transports
-from ptenv.sandbox.commands import RESULT_COMMAND
-from ptenv.sandbox.local import LocalSandboxClient
-from ptenv.sandbox.protocol import Limits
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
+
+from ptenv.host import rollout
+from tests.support import proctree
+from ptenv.host import transports
+from ptenv.host.commands import RESULT_COMMAND
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
 
 REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = (1, 8, 32)
@@ -40,7 +43,7 @@ QUICK = {"local": {1: 45, 8: 90, 32: 96}, "naive": {1: 2, 8: 8, 32: 32}}
 PHASES = ("create", "preload", "cell", "read-back", "grading", "delete")
 
 
-# ---- the naive transport: the same bwrap command and worker, a fresh interpreter per sandbox
+# ---- the naive transport: the same bwrap command and ptenv.inside.main, a fresh interpreter per sandbox
 
 
 class FreshInterpreter(LocalSandboxClient):
@@ -144,7 +147,7 @@ def phase_of(command: str) -> str:
 
 
 def time_grading() -> None:
-    """Time session.grade (looked up at call time by session.score) into the current rollout's record."""
+    """Time session.grade (looked up at call time by rollout.score) into the current rollout's record."""
     grade = session.grade
 
     def timed(answer, expected):
@@ -161,7 +164,7 @@ def time_grading() -> None:
 
 
 def start_policy_server() -> tuple[subprocess.Popen, str]:
-    server = subprocess.Popen([sys.executable, "-m", "ptenv.policy_server", "--port", "0"], cwd=REPO,
+    server = subprocess.Popen([sys.executable, "-m", "tests.support.policy_server", "--port", "0"], cwd=REPO,
                               stdout=subprocess.PIPE, text=True)
     return server, server.stdout.readline().strip()
 
@@ -210,13 +213,13 @@ class CPU:
 
     def now(self) -> dict[str, float]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        zygotes = [pid for pid in proctree.tree([os.getpid()]) if b"ptenv.sandbox.worker\0zygote" in cmdline(pid)]
+        forkservers = [pid for pid in proctree.tree([os.getpid()]) if b"ptenv.inside.main\0forkserver" in cmdline(pid)]
         with open("/proc/stat") as f:
             ticks = [int(t) for t in f.readline().split()[1:]]
         return {
             "host": usage.ru_utime + usage.ru_stime,
             "server": self.ticks(self.server_pid),
-            "sandboxes": sum(self.ticks(pid) for pid in zygotes),
+            "sandboxes": sum(self.ticks(pid) for pid in forkservers),
             "machine": (sum(ticks) - ticks[3] - ticks[4]) / self.TICK,  # all but idle and iowait
         }
 
@@ -242,8 +245,8 @@ PROFILE_GROUPS = {
     "the model call (verifiers' client: openai, httpx)": [("verifiers/legacy/envs/environment.py", "get_model_response")],
     "the rubric (verifiers: inspect.signature per reward function)": [("verifiers/legacy/rubrics/rubric_group.py", "score_rollout")],
     "this environment (setup, execute_code, post_rollout)": [
-        ("ptenv/classic_env.py", "setup_state"), ("ptenv/classic_env.py", "execute_code"),
-        ("ptenv/classic_env.py", "post_rollout")],
+        ("ptenv/env/classic.py", "setup_state"), ("ptenv/env/classic.py", "execute_code"),
+        ("ptenv/env/classic.py", "post_rollout")],
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ptenv.dataset import load_rows
+from ptenv.tasks.rows import load_rows
 from ptenv.grader import grade
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,17 +27,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from prime_sandboxes import CreateSandboxRequest
 
-from ptenv import proctree
-from ptenv.sandbox.commands import exec_command, parse_exec_reply
-from ptenv.sandbox.local import LocalSandboxClient, sandbox_command
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
+
+from tests.support import proctree
+from ptenv.host.commands import exec_command, parse_exec_reply
+from ptenv.host.local import LocalSandboxClient, sandbox_command
 
 REQUEST = CreateSandboxRequest(name="bench", docker_image="local")
 BASELINE_CODE = (
     "import torch\n"
-    "from ptenv.session_ns import new_namespace\n"
+    "from ptenv.inside.namespace import new_namespace\n"
     "exec(compile('', '<cell>', 'exec'), new_namespace({}))\n"
     "print('ready', flush=True)\n"
 )

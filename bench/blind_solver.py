@@ -16,11 +16,11 @@ from pathlib import Path
 
 from prime_sandboxes import CreateSandboxRequest
 
-from ptenv import session
-from ptenv.dataset import parse_row
-from ptenv.prompts import SYSTEM_PROMPT
-from ptenv.sandbox.local import LocalSandboxClient
-from ptenv.tiers import TIERS, select
+from ptenv.host import rollout
+from ptenv.tasks.rows import parse_row
+from ptenv.env.prompt import SYSTEM_PROMPT
+from ptenv.host.local import LocalSandboxClient
+from ptenv.tasks.tiers import TIERS, select
 
 REQUEST = CreateSandboxRequest(name="blind-solver", docker_image="local")
 TIMEOUT = 30  # the environment's cell limit (transports.CELL_TIMEOUT)
@@ -61,9 +61,9 @@ async def run(task: dict, code: str, grade: bool):
     client = LocalSandboxClient()
     try:
         sandbox = await client.create(REQUEST)
-        await session.preload(client, sandbox.id, row.inputs, TIMEOUT)
-        reply = await session.run_cell(client, sandbox.id, code, TIMEOUT)
-        outcome = await session.score(client, sandbox.id, row.expected, TIMEOUT) if grade else None
+        await rollout.preload(client, sandbox.id, row.inputs, TIMEOUT)
+        reply = await rollout.run_cell(client, sandbox.id, code, TIMEOUT)
+        outcome = await rollout.score(client, sandbox.id, row.expected, TIMEOUT) if grade else None
     finally:
         client.teardown()
     return reply, outcome

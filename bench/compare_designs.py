@@ -28,8 +28,8 @@ ROUNDS = 3
 async def ready_p50(n: int) -> float:
     from prime_sandboxes import CreateSandboxRequest
 
-    from ptenv.sandbox.commands import exec_command
-    from ptenv.sandbox.local import LocalSandboxClient
+    from ptenv.host.commands import exec_command
+    from ptenv.host.local import LocalSandboxClient
 
     client = LocalSandboxClient()
     request = CreateSandboxRequest(name="bench", docker_image="local")
@@ -50,7 +50,7 @@ async def rollout_p50(n: int) -> float:
     import verifiers as vf
 
     import pytorch_env
-    from ptenv.policy_server import serve_in_thread
+    from tests.support.policy_server import serve_in_thread
 
     url, stop = serve_in_thread()
     os.environ.setdefault("COMPARE_API_KEY", "unused")

@@ -8,7 +8,7 @@ prompts whose rollouts all scored the same (a GRPO group that teaches nothing).
 With --out, a tier that already has a run there is resumed (vf-eval --resume), and -n may grow.
 
 Each tier's held-out test split (its default set unless -n) is evaluated with -r 3 rollouts per
-prompt. A scripted policy (reference, null, hostile) is served by ptenv.policy_server from the
+prompt. A scripted policy (reference, null, hostile) is served by tests.support.policy_server from the
 very rows the environment generates, so the reference policy knows every row's solution.
 """
 
@@ -21,9 +21,11 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from ptenv.dataset import dumps_rows, row_digest
-from ptenv.policy_server import POLICIES, serve_in_thread
-from ptenv.tiers import TIERS, select
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
+
+from ptenv.tasks.rows import dumps_rows, row_digest
+from tests.support.policy_server import POLICIES, serve_in_thread
+from ptenv.tasks.tiers import TIERS, select
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import verifiers as vf
 
 import pytorch_env
-from ptenv import proctree
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
+
+from tests.support import proctree
 
 REPO = Path(__file__).resolve().parents[1]
 CONCURRENCY = 32
@@ -42,7 +44,7 @@ def open_fds() -> dict[str, str]:
 
 async def soak(rollouts: int) -> dict:
     """Run the soak; returns its figures and the list of problems (empty when it passes)."""
-    server = subprocess.Popen([sys.executable, "-m", "ptenv.policy_server", "--port", "0"], cwd=REPO,
+    server = subprocess.Popen([sys.executable, "-m", "tests.support.policy_server", "--port", "0"], cwd=REPO,
                               stdout=subprocess.PIPE, text=True)
     url = server.stdout.readline().strip()
     os.environ.setdefault("SOAK_API_KEY", "unused")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ptenv.codec import DTYPE_NAMES
+from ptenv.inside.codec import DTYPE_NAMES
 
 RTOL = 1e-5
 ATOL = 1e-7

@@ -18,7 +18,9 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from ptenv.policy_server import serve_in_thread
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
+
+from tests.support.policy_server import serve_in_thread
 from ptenv.report.render import report_text
 from ptenv.report.runs import RunError, load_run
 from ptenv.report.stats import group

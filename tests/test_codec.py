@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from ptenv import codec
-from ptenv.codec import CodecError
+from ptenv.inside import codec
+from ptenv.inside.codec import CodecError
 
 SHAPES = st.lists(st.integers(0, 4), max_size=3)
 

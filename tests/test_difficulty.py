@@ -73,9 +73,9 @@ def test_a_row_rebuilt_on_another_cpu_keeps_its_digest():
     poses must."""
     import torch
 
-    from ptenv import codec
-    from ptenv.dataset import row_digest
-    from ptenv.tiers import select
+    from ptenv.inside import codec
+    from ptenv.tasks.rows import row_digest
+    from ptenv.tasks.tiers import select
 
     row = select(["advanced"], "test", 1, 0)[0].row()
     expected = codec.decode(row["info"]["expected_output"])

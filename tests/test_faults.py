@@ -22,11 +22,11 @@ import verifiers as vf
 from prime_sandboxes import CommandResponse, CommandTimeoutError
 
 import pytorch_env
-from ptenv import proctree
-from ptenv.hostile import REPO
-from ptenv.policy_server import POLICIES, reference_policy
-from ptenv.sandbox.commands import MAX_RESULT_REPLY, RESULT_COMMAND
-from sandbox_util import server, wait_until  # noqa: F401  (server: a fixture)
+from tests.support import proctree
+from tests.support.hostile import REPO
+from tests.support.policy_server import POLICIES, reference_policy
+from ptenv.host.commands import MAX_RESULT_REPLY, RESULT_COMMAND
+from tests.support.sandbox import server, wait_until  # noqa: F401  (server: a fixture)
 
 sys.path.insert(0, str(REPO / "scripts"))
 import selfcheck  # noqa: E402  (its vf-eval command line, run mark and leftover check)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ptenv.hostile import CANARY, REPO, TRICKS
-from ptenv.policy_server import serve_in_thread
+from tests.support.hostile import CANARY, REPO, TRICKS
+from tests.support.policy_server import serve_in_thread
 
 sys.path.insert(0, str(REPO / "scripts"))
 import selfcheck  # noqa: E402  (its vf-eval runner and leftover check)

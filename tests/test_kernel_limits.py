@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from ptenv.sandbox import cgroups, seccomp
-from ptenv.sandbox.commands import ResultError
-from ptenv.sandbox.local import LocalSandboxClient
-from ptenv.sandbox.protocol import Limits
-from sandbox_util import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401  (box, client: fixtures)
+from ptenv.inside import cgroups, seccomp
+from ptenv.host.commands import ResultError
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+from tests.support.sandbox import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401  (box, client: fixtures)
 
 LIMITS = Limits(memory_mb=MEMORY_MB)
 SANDBOX_MB = LIMITS.memory_mb + LIMITS.scratch_mb + LIMITS.shm_mb  # what its cgroup may hold

@@ -13,12 +13,12 @@ import openai
 import pytest
 import torch
 
-from ptenv import codec
-from ptenv.dataset import load_rows
+from ptenv.inside import codec
+from ptenv.tasks.rows import load_rows
 from ptenv.grader import grade
-from ptenv.hostile import TRICKS, trick_for
-from ptenv.policy_server import DEFAULT_DATASET, rows_by_question, serve_in_thread
-from ptenv.session_ns import new_namespace
+from tests.support.hostile import TRICKS, trick_for
+from tests.support.policy_server import BUNDLED_ROWS, rows_by_question, serve_in_thread
+from ptenv.inside.namespace import new_namespace
 
 
 def _tool(name, arg):
@@ -205,7 +205,7 @@ def test_bad_dataset_row_is_a_one_line_error(tmp_path):
 def test_cli_prints_url_and_exits_on_sigterm(dataset):
     repo = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ptenv.policy_server", "--port", "0", "--dataset", str(dataset)],
+        [sys.executable, "-m", "tests.support.policy_server", "--port", "0", "--dataset", str(dataset)],
         cwd=repo, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -228,7 +228,7 @@ def test_cli_prints_url_and_exits_on_sigterm(dataset):
 
 @pytest.fixture(scope="module")
 def real_url():
-    url, stop = serve_in_thread(DEFAULT_DATASET)
+    url, stop = serve_in_thread(BUNDLED_ROWS)
     yield url
     stop()
 
@@ -241,8 +241,8 @@ def _hostile_cell(client, row) -> str:
 
 
 def test_hostile_plays_every_trick_without_knowing_the_answers(real_url):
-    rows = load_rows(DEFAULT_DATASET)
-    raw = list(rows_by_question(DEFAULT_DATASET).values())
+    rows = load_rows(BUNDLED_ROWS)
+    raw = list(rows_by_question(BUNDLED_ROWS).values())
     played = []
     with openai.OpenAI(base_url=real_url, api_key="unused", max_retries=0, timeout=10) as client:
         for row, raw_row in zip(rows, raw):
@@ -266,7 +266,7 @@ def test_hostile_plays_every_trick_without_knowing_the_answers(real_url):
 def test_answer_key_tricks_win_outside_the_sandbox(real_url, trick):
     """A probe proves something only if it wins where the defence is missing: run unsandboxed on
     the host, these cells find the answer (the dataset file, the policy server) and score 1.0."""
-    rows = load_rows(DEFAULT_DATASET)
+    rows = load_rows(BUNDLED_ROWS)
     position = list(TRICKS).index(trick)
     row = rows[position]
     with openai.OpenAI(base_url=real_url, api_key="unused", max_retries=0, timeout=10) as client:

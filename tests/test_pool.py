@@ -9,8 +9,8 @@ import pytest
 import verifiers as vf
 
 import pytorch_env
-from ptenv import proctree
-from sandbox_util import client, new_box, server, wait_until  # noqa: F401
+from tests.support import proctree
+from tests.support.sandbox import client, new_box, server, wait_until  # noqa: F401
 
 CONCURRENCY = 8
 # Threads outlive their cell.
@@ -18,16 +18,16 @@ BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfo
 
 
 def fork_servers() -> list[int]:
-    """This test's fork servers (not those of other runs on the machine): the worker processes
+    """This test's fork servers (not those of other runs on the machine): the ptenv.inside.main processes
     whose parent is bwrap, not the supervisors and sessions they fork."""
 
-    def is_worker(pid: int) -> bool:
+    def is_forkserver(pid: int) -> bool:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 args = f.read()
         except OSError:
             return False
-        return b"ptenv.sandbox.worker\0zygote" in args and os.path.basename(args.split(b"\0")[0]) != b"bwrap"
+        return b"ptenv.inside.main\0forkserver" in args and os.path.basename(args.split(b"\0")[0]) != b"bwrap"
 
     def parent(pid: int) -> int:
         try:
@@ -36,7 +36,7 @@ def fork_servers() -> list[int]:
         except OSError:
             return 0
 
-    return [pid for pid in proctree.tree([os.getpid()]) if is_worker(pid) and not is_worker(parent(pid))]
+    return [pid for pid in proctree.tree([os.getpid()]) if is_forkserver(pid) and not is_forkserver(parent(pid))]
 
 
 async def evaluate(env, url: str, n: int, rollouts: int) -> list[dict]:

@@ -17,9 +17,11 @@ import verifiers as vf
 from prime_sandboxes import CreateSandboxRequest, StartCommand
 
 import pytorch_env
-from fake_prime import FakePrimeService
-from ptenv.sandbox import prime, supervisor
-from sandbox_util import server  # noqa: F401  (a fixture)
+from tests.support.fake_prime import FakePrimeService
+from ptenv import inside
+from ptenv.host import prime
+from ptenv.inside import supervisor
+from tests.support.sandbox import server  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "tensor_ops/transpose_dims"
@@ -61,14 +63,14 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     steps = service.steps()
     polls = [s for s in steps if s == f"sh: {prime.READY_COMMAND}"]
     assert steps == ["create", "wait_for_creation", *polls, "preload", "exec", "result", "delete"], steps
-    assert polls, "setup waits for the session server"
+    assert polls, "setup waits for the supervisor"
 
     request: CreateSandboxRequest = service.calls[0][1]
     assert request.docker_image == "python:3.11-slim"
     assert request.start_command == StartCommand(executable="sh", args=["-c", prime.START_SCRIPT])
     assert request.environment_vars["PTENV_TORCH"] == prime.torch_version() == "2.13.0"
-    shipped = unpack(request.environment_vars["PTENV_WORKER"])
-    assert sorted(shipped) == sorted(prime.CONTAINER_FILES)
+    shipped = unpack(request.environment_vars["PTENV_INSIDE"])
+    assert sorted(shipped) == sorted(inside.FILES)
     assert all(shipped[rel] == (ROOT / rel).read_bytes() for rel in shipped)
     assert "tasks.py" not in " ".join(shipped) and "train.jsonl" not in " ".join(shipped)
     # The container installs the CPU wheel of the host's torch, so the references reproduce there.
@@ -108,13 +110,13 @@ def test_a_container_whose_torch_install_fails_ends_the_same_way(service, server
 
 def test_the_client_reports_a_missing_session_server_in_one_line(tmp_path):
     env = {**os.environ, "PTENV_SESSION_SOCKET": str(tmp_path / "nothing.sock"), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "ptenv.sandbox.client", "result"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "ptenv.inside.prime_cli", "result"], env=env, capture_output=True, text=True)
     assert done.returncode == 111
-    assert done.stderr.strip().count("\n") == 0 and "session server is not running" in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "supervisor is not running" in done.stderr
 
 
-SERVER = "$(pgrep -u 0 -f 'ptenv.sandbox.worker serve')"  # root's: the session is a fork of it
-ATTACKS = {  # what the model's bash tries on the session server, which runs as the container's root
+SERVER = "$(pgrep -u 0 -f 'ptenv.inside.main serve')"  # root's: the session is a fork of it
+ATTACKS = {  # what the model's bash tries on the supervisor, which runs as the container's root
     f"kill -INT {SERVER}": "Operation not permitted",
     f"renice -n 19 -p {SERVER}": "Operation not permitted",
     f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{prime.SESSION_SOCKET}')\"": "PermissionError",

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ptenv.report.stats import pass_at_k
-from ptenv.tasks import CATEGORIES
-from report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
+from ptenv.tasks.canonical import CATEGORIES
+from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
                          outcomes, png_size, policy_server, report)
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")

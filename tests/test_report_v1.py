@@ -17,7 +17,7 @@ if hasattr(verifiers, "SandboxEnv"):
     pytest.skip(f"verifiers {verifiers.__version__} has the classic API; this module needs verifiers 0.4 "
                 "(CI runs it in its own venv)", allow_module_level=True)
 
-from report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,  # noqa: E402
+from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,  # noqa: E402
                          mixed_policy, outcomes, policy_server, report, v1_eval)
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")

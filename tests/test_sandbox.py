@@ -12,8 +12,8 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 
 import pytorch_env
 import verifiers as vf
-from ptenv import codec
-from ptenv.sandbox.commands import (
+from ptenv.inside import codec
+from ptenv.host.commands import (
     CAP,
     ReplyError,
     ResultError,
@@ -22,9 +22,9 @@ from ptenv.sandbox.commands import (
     parse_result_reply,
     preload_command,
 )
-from ptenv.sandbox.local import LocalSandboxClient
-from ptenv.sandbox.protocol import Limits
-from sandbox_util import box, client, new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until  # noqa: F401
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+from tests.support.sandbox import box, client, new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until  # noqa: F401
 
 
 async def test_variables_models_optimisers_and_grads_persist(box):
@@ -83,7 +83,7 @@ async def test_stdout_stderr_and_traceback_are_captured_at_the_fd_level(box):
         assert text in reply.stdout
     assert reply.stderr.startswith("py-err\n")
     assert 'File "<cell' in reply.stderr and "boom()" in reply.stderr and "ValueError: bad shape" in reply.stderr
-    assert "worker.py" not in reply.stderr  # the session's own frames are not shown
+    assert "interpreter.py" not in reply.stderr  # the interpreter's own frames are not shown
     assert "ValueError: bad shape" in reply.text()
 
 
@@ -137,7 +137,7 @@ async def test_a_session_broken_by_the_model_never_yields_a_false_result(box):
     assert torch.equal(await box.result(), torch.full((2,), 3.0))  # the session kept its own references
     # The encoder the session calls is replaced: the host's strict decode refuses what it sends.
     forged = json.dumps({"dtype": "float32", "shape": [4], "data": "AAAA"})
-    await box.cell(f"import json, ptenv.codec\nptenv.codec.encode = lambda t: {forged}\njson.dumps = lambda *a, **k: '{{}}'")
+    await box.cell(f"import json, ptenv.inside.codec\nptenv.inside.codec.encode = lambda t: {forged}\njson.dumps = lambda *a, **k: '{{}}'")
     with pytest.raises(ResultError, match="could not be decoded: data has 3 bytes"):
         await box.result()
     # Patched builtins may break the session itself: then it is restarted and `result` is gone.

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 
-from ptenv.sandbox.local import LocalSandboxClient, SandboxUnavailableError
-from ptenv.sandbox.protocol import WORKER_FILES, Limits
-from sandbox_util import MEMORY_MB, SHORT, box, client, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
+from ptenv.host.local import LocalSandboxClient, SandboxUnavailableError
+from ptenv import inside
+from ptenv.inside.protocol import Limits
+from tests.support.sandbox import MEMORY_MB, SHORT, box, client, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,20 +90,20 @@ async def test_the_answer_key_and_the_host_are_not_visible(box, tmp_path):
         assert (await box.sh(f"cat {path} || ls {path}")).exit_code != 0
     # Of the host's home only the path to the Python installation exists (read-only).
     prefix = Path(sys.base_prefix)
-    inside = [prefix.relative_to(home).parts[0]] if prefix.is_relative_to(home) else []
+    visible = [prefix.relative_to(home).parts[0]] if prefix.is_relative_to(home) else []
     reply = await box.cell(f"import os\nprint(sorted(os.listdir({str(home)!r})))")
-    assert reply.stdout.strip() == repr(inside) or (not inside and "No such file" in reply.stderr)
-    # Only the worker's files of this package are there; the installed project files are masked.
-    assert "ModuleNotFoundError" in (await box.cell("import ptenv.tasks")).stderr
+    assert reply.stdout.strip() == repr(visible) or (not visible and "No such file" in reply.stderr)
+    # Only ptenv/inside is there; the installed project files are masked.
+    assert "ModuleNotFoundError" in (await box.cell("import ptenv.tasks.canonical")).stderr
     listing = await box.sh("cd /opt/ptenv && find . -type f | sort")
-    assert listing.stdout.split() == sorted(f"./{path}" for path in WORKER_FILES)
-    assert not any(word in path for word in ("tasks", "dataset", "grader") for path in WORKER_FILES)
+    assert listing.stdout.split() == sorted(f"./{path}" for path in inside.FILES)
+    assert not any(word in path for word in ("tasks", "dataset", "grader") for path in inside.FILES)
     assert (await box.sh("cat /opt/site-packages/pytorch_env-*.dist-info/RECORD")).exit_code != 0
 
 
 async def test_the_interpreter_and_libraries_are_read_only(box):
     prefix = sys.base_prefix
-    targets = ["/usr/lib/x", f"{prefix}/lib/x", "/opt/site-packages/torch/x", "/opt/ptenv/ptenv/codec.py", "/etc/passwd"]
+    targets = ["/usr/lib/x", f"{prefix}/lib/x", "/opt/site-packages/torch/x", "/opt/ptenv/ptenv/inside/codec.py", "/etc/passwd"]
     for target in targets:
         reply = await box.cell(f"open({target!r}, 'w').write('x')")
         assert reply.status == "error" and ("Read-only" in reply.stderr or "Permission denied" in reply.stderr), target
@@ -275,7 +276,7 @@ HOST_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, os
     from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
-    from ptenv.sandbox.local import LocalSandboxClient
+    from ptenv.host.local import LocalSandboxClient
 
     async def main():
         client = LocalSandboxClient()

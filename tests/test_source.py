@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import pytorch_env
-from ptenv.dataset import RowError
-from ptenv.source import BUNDLED, DEFAULT_DATASET, load_tasks
+from ptenv.tasks.rows import RowError
+from ptenv.tasks.source import BUNDLED, DEFAULT_DATASET, load_tasks
 
 
 def test_the_default_dataset_is_the_bundled_copy(monkeypatch):

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptenv import codec
-from ptenv.dataset import RowError, build_inputs, build_row, dumps_rows, load_rows, parse_row, run_reference
+from ptenv.inside import codec
+from ptenv.tasks.rows import RowError, build_inputs, build_row, dumps_rows, load_rows, parse_row, run_reference
 from ptenv.grader import grade
-from ptenv.session_ns import new_namespace
-from ptenv.tasks import CATEGORIES, TASKS, Task
+from ptenv.inside.namespace import new_namespace
+from ptenv.tasks.canonical import CATEGORIES, TASKS, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "train.jsonl"

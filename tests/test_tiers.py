@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptenv import tiers
-from ptenv.dataset import TASK_ID, dumps_rows, parse_row
-from ptenv.families import (MAX_DRAWS, Family, Instance, canonical_instance, first_gradable, normal, randint,
+from ptenv.tasks import tiers
+from ptenv.tasks.rows import TASK_ID, dumps_rows, parse_row
+from ptenv.tasks.families import (MAX_DRAWS, Family, Instance, canonical_instance, first_gradable, normal, randint,
                             rewarded_shortcuts)
 from ptenv.grader import dtype_family, grade
-from ptenv.policy_server import rows_by_question
-from ptenv.source import DEFAULT_DATASET, load_tasks
-from ptenv.tasks import CATEGORIES, TASKS
-from ptenv.tasks_expert import _nucleus_walk
+from tests.support.policy_server import rows_by_question
+from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
+from ptenv.tasks.canonical import CATEGORIES, TASKS
+from ptenv.tasks.expert import _nucleus_walk
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("build_tasks", ROOT / "build_tasks.py")
@@ -50,7 +50,7 @@ def test_new_tier_instructions_state_the_maths_not_a_torch_call():
 def test_the_same_family_and_seed_give_the_same_bytes_in_another_process():
     picks = [(tier, members[i % len(members)].id, 2 * i + 1) for i, (tier, members) in enumerate(tiers.TIERS.items())]
     here = dumps_rows([tiers.find_family(f)[1].instance(t, s).row() for t, f, s in picks])
-    script = ("import sys, json\nfrom ptenv import tiers\nfrom ptenv.dataset import dumps_rows\n"
+    script = ("import sys, json\nfrom ptenv.tasks import tiers\nfrom ptenv.tasks.rows import dumps_rows\n"
               f"picks = {picks!r}\n"
               "sys.stdout.write(dumps_rows([tiers.find_family(f)[1].instance(t, s).row() for t, f, s in picks]))\n")
     for hash_seed in ("1", "2"):  # Python's salted hash() must play no part

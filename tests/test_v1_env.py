@@ -1,4 +1,4 @@
-"""The verifiers 0.4 adapter (ptenv.v1_env): one task's setup, finalize, scoring and cleanup in
+"""The verifiers 0.4 adapter (ptenv.env.v1): one task's setup, finalize, scoring and cleanup in
 process, then the real 0.4 `vf-eval` against the scripted policy server on 127.0.0.1.
 
 Runs where verifiers 0.4 is installed; the classic venv skips this module (and only this one).
@@ -25,11 +25,12 @@ import verifiers.v1 as vf  # noqa: E402
 from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError  # noqa: E402
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
 
-from ptenv import policy_server, session  # noqa: E402
-from ptenv.dataset import dumps_rows  # noqa: E402
-from ptenv.tiers import select  # noqa: E402
-from sandbox_util import wait_until  # noqa: E402
-from ptenv.v1_env import (  # noqa: E402
+from ptenv.host import rollout
+from tests.support import policy_server  # noqa: E402
+from ptenv.tasks.rows import dumps_rows  # noqa: E402
+from ptenv.tasks.tiers import select  # noqa: E402
+from tests.support.sandbox import wait_until  # noqa: E402
+from ptenv.env.v1 import (  # noqa: E402
     DIAGNOSTICS,
     PyTorchHarness,
     PyTorchHarnessConfig,
@@ -37,8 +38,8 @@ from ptenv.v1_env import (  # noqa: E402
     PyTorchTasksetConfig,
     sandboxes,
 )
-from ptenv.v1_relay import RelayClient  # noqa: E402
-from ptenv.v1_tools import PyTorchState  # noqa: E402
+from ptenv.env.v1_relay import RelayClient  # noqa: E402
+from ptenv.env.v1_tools import PyTorchState  # noqa: E402
 
 N_TASKS = 45
 VF_EVAL_TIMEOUT = 280  # a 45-rollout run takes about 80 s on 2 cores
@@ -61,7 +62,7 @@ def new_trace(task, harness=None) -> vf.Trace:
 async def cell(trace, code: str) -> str:
     """Run a cell the way the tool server does: through the relay, by the sandbox id in the state."""
     transport, relay = sandboxes()
-    return await session.run_cell(RelayClient(relay.path), trace.state.sandbox_id, code, transport.cell_deadline)
+    return await rollout.run_cell(RelayClient(relay.path), trace.state.sandbox_id, code, transport.cell_deadline)
 
 
 async def close(trace) -> None:

@@ -34,7 +34,7 @@ def classify(record: dict) -> tuple[str, bool]:
 
 
 def from_reason(reason: str) -> str:
-    """The failure a grader reason (ptenv.grader, ptenv.session) names; the grader puts shape before dtype."""
+    """The failure a grader reason (ptenv.grader, ptenv.host.rollout) names; the grader puts shape before dtype."""
     if reason == "no result":
         return "no result"
     if reason == "not graded":

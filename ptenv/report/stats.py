@@ -8,7 +8,7 @@ from math import comb
 
 from ptenv.report.reasons import REASONS
 from ptenv.report.runs import Rollout
-from ptenv.tasks import CATEGORIES
+from ptenv.tasks.canonical import CATEGORIES
 
 
 @dataclass(frozen=True)

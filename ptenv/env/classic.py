@@ -1,0 +1,148 @@
+"""The classic verifiers adapter (verifiers <= 0.3.1): PyTorchEnv on SandboxEnv, host-side grading in post_rollout."""
+
+import json
+
+import verifiers as vf
+from datasets import Dataset
+from verifiers.envs.sandbox_env import SandboxEnv
+
+from ptenv.host import rollout
+from ptenv.env.prompt import SYSTEM_PROMPT
+from ptenv.host import transports
+from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
+from ptenv.tasks.tiers import check_num_eval_examples
+from ptenv.env.versions import versions
+
+
+class PyTorchEnv(SandboxEnv):
+    """SandboxEnv with a persistent `execute_code` session and host-side grading in post_rollout."""
+
+    def __init__(self, tasks, transport: transports.Transport, **kwargs):
+        self.tasks = {task.task_id: task for task in tasks}  # expected outputs stay in host memory
+        self.transport = transport
+        super().__init__(
+            start_command=None,  # the transport's request says how a sandbox starts
+            timeout_per_command_seconds=transport.command_timeout,
+            max_retries=transport.create_attempts,
+            **kwargs,
+        )
+        self.sandbox_client.teardown()  # SandboxEnv built a Prime client; ours replaces it
+        self.sandbox_client = transport.client
+        self.sandbox_request = transport.request
+        self.add_tool(self.execute_code, args_to_skip=["sandbox_id", "sandbox_state"])
+
+    async def setup_state(self, state: vf.State, **kwargs) -> vf.State:
+        state = await super().setup_state(state, **kwargs)
+        sandbox_id = state["sandbox_id"]
+        await self._wait_for_sandbox_ready(state["sandbox_state"], sandbox_id)
+        try:
+            await self.transport.wait_ready(sandbox_id)
+            inputs = self.tasks[state["info"]["task_id"]].inputs
+            await rollout.preload(self.sandbox_client, sandbox_id, inputs, self.transport.command_timeout)
+        except Exception as e:
+            raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
+        return state
+
+    async def bash(self, command: str, sandbox_id: str, sandbox_state, working_dir: str | None = None) -> str:
+        """Execute `command` inside persistent sandbox container."""
+        command, working_dir = self.transport.model_shell(command, working_dir, self.timeout_per_command_seconds)
+        return await super().bash(command, sandbox_id, sandbox_state, working_dir)
+
+    async def execute_code(self, code: str, sandbox_id: str, sandbox_state) -> str:
+        """Run Python code in the persistent session. `torch` is imported, the task's input
+        tensors are preloaded by name, and variables (including `result`) persist between calls.
+
+        Args:
+            code: Python source to run.
+        """
+        try:
+            return await rollout.run_cell(self.sandbox_client, sandbox_id, code, self.transport.cell_deadline)
+        except Exception as e:  # the session did not answer: end the rollout, post_rollout says why
+            raise vf.SandboxError(f"execute_code failed: {rollout.one_line(e)}") from e
+
+    def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs) -> dict:
+        updated = super().update_tool_args(tool_name, tool_args, messages, state, **kwargs)
+        if tool_name == "execute_code":
+            updated["sandbox_id"] = state["sandbox_id"]
+            updated["sandbox_state"] = state["sandbox_state"]
+        return updated
+
+    async def post_rollout(self, state: vf.State):
+        """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
+        if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
+            outcome = rollout.harness_failure(f"the rollout failed: {rollout.error_chain(state['error'])}")
+        else:
+            expected = self.tasks[state["info"]["task_id"]].expected
+            outcome = await rollout.score(
+                self.sandbox_client, state["sandbox_id"], expected, self.transport.command_timeout
+            )
+            if outcome.scoring_error is not None:
+                # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
+                state["error"] = vf.SandboxError(outcome.scoring_error)
+        state.update(outcome.as_state())
+
+    @vf.teardown
+    async def teardown_sandboxes(self):
+        # SandboxEnv's own teardown builds a Prime client (it needs a Prime key): the transport knows better.
+        if self.active_sandboxes:
+            await self.transport.delete_all(list(self.active_sandboxes))
+            self.active_sandboxes.clear()
+
+
+async def correctness(state) -> float:
+    return state["verdict"]["score"]
+
+
+def _diagnostic(key: str):
+    async def metric(state) -> float:
+        return float(state["verdict"][key])
+
+    metric.__name__ = key
+    return metric
+
+
+async def harness_error(state) -> float:
+    return float(state["scoring_error"] is not None)
+
+
+def as_dataset(tasks) -> Dataset:
+    stamp = versions()
+    return Dataset.from_list([
+        {"question": t.question,
+         "info": json.dumps({"task_id": t.task_id, "category": t.category, **t.provenance(), "row": t.digest,
+                             "versions": stamp})}
+        for t in tasks
+    ])
+
+
+def load_environment(
+    split: str = "train",
+    dataset_name: str = DEFAULT_DATASET,
+    max_turns: int = 5,
+    sandbox: str = "local",
+    tiers: str | list[str] = "basic",
+    num_train_examples: int = -1,
+    num_eval_examples: int = 0,
+    seed: int = 0,
+    **kwargs,
+) -> vf.Environment:
+    check_num_eval_examples(num_eval_examples, split)
+    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed)
+    # The held-out test split as the eval dataset, so a trainer's validation is not its training set.
+    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples") \
+        if num_eval_examples else []
+    diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
+    rubric = vf.Rubric(
+        funcs=[correctness, *diagnostics, harness_error],
+        weights=[1.0] + [0.0] * (len(diagnostics) + 1),
+    )
+    return PyTorchEnv(
+        tasks + eval_tasks,
+        transports.create(sandbox),
+        dataset=as_dataset(tasks),
+        eval_dataset=as_dataset(eval_tasks) if eval_tasks else None,
+        system_prompt=SYSTEM_PROMPT,
+        rubric=rubric,
+        max_turns=max_turns,
+        **kwargs,
+    )

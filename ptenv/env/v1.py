@@ -1,0 +1,161 @@
+"""pytorch-env on verifiers 0.4 (the rewritten `verifiers.v1` API): the classic adapter's tasks,
+prompt, sandbox, session and grading, arranged the v1 way.
+
+Where each part runs, and why:
+- Task.setup (eval process) creates the rollout's sandbox and preloads the inputs. The sandbox id
+  goes into the rollout's state, where the tool server finds it.
+- `execute_code` and `bash` run inside that sandbox: one tool server per eval (ptenv.env.v1_tools)
+  reaches it through the eval process's relay (ptenv.env.v1_relay). The harness is v1's tool-less chat
+  loop, so nothing the model writes runs on the host (v1's own `bash` harness would run the
+  model's commands on the host under the subprocess runtime).
+- Task.finalize reads `result` back and grades it on the host. A wrong, missing or invalid answer
+  scores 0.0; a harness failure (dead sandbox, unusable read-back) is a v1 failure instead: a
+  SandboxError on the trace (ok False, no reward), its reason in trace.info["scoring_error"].
+- PyTorchHarness.cleanup, which v1 runs after scoring and after every failure, deletes the sandbox.
+"""
+
+import verifiers.v1 as vf
+from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
+
+from ptenv.host import rollout
+from ptenv.inside import codec
+from ptenv.tasks.rows import TaskRow, parse_row
+from ptenv.env.prompt import SYSTEM_PROMPT
+from ptenv.host import transports
+from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
+from ptenv.env.v1_relay import SandboxRelay
+from ptenv.env.v1_tools import PyTorchState, PyTorchTools, PyTorchToolsConfig
+from ptenv.env.versions import versions
+
+__all__ = ["PyTorchTaskset", "PyTorchHarness", "PyTorchV1Env"]
+
+DIAGNOSTICS = ("result_present", "shape_match", "dtype_match", "values_match")
+
+_sandboxes: tuple[transports.Transport, SandboxRelay] | None = None
+
+
+def sandboxes() -> tuple[transports.Transport, SandboxRelay]:
+    """This process's sandbox transport and the relay the tool server reaches it through."""
+    global _sandboxes
+    if _sandboxes is None:
+        transport = transports.create("local")
+        _sandboxes = (transport, SandboxRelay(transport.client))
+    return _sandboxes
+
+
+class PyTorchTaskData(vf.TaskData):
+    info: dict  # the dataset row's info: encoded inputs and expected output, reference solution
+
+
+class PyTorchTasksetConfig(vf.TasksetConfig):
+    # The classic load_environment's arguments; v1 has no eval dataset, so `split` picks the one served.
+    dataset_name: str = DEFAULT_DATASET
+    split: str = "train"
+    tiers: str | list[str] = "basic"
+    num_train_examples: int = -1
+    seed: int = 0
+
+
+class PyTorchHarnessConfig(NullHarnessConfig):
+    pass
+
+
+class PyTorchHarness(NullHarness, vf.Harness[PyTorchHarnessConfig]):
+    """v1's tool-less chat loop (the `null` program): the model's only tools are the sandboxed ones."""
+
+    async def cleanup(self, trace: vf.Trace, runtime) -> None:
+        # v1 runs this on every path (finalize and scoring are skipped after a failure), after
+        # finalize has read `result` back: the one place where deleting the sandbox is always right.
+        try:
+            if not trace.ok and not trace.info.get("scoring_error"):
+                # v1 skips finalize and scoring after a failure: record why, as finalize would have.
+                reason = f"{trace.errors[-1].type}: {trace.errors[-1].message}" if trace.errors else "rollout failed"
+                trace.info["scoring_error"] = rollout.one_line(reason)
+            trace.record_metric("harness_error", float(not trace.ok))
+        finally:
+            if trace.state.sandbox_id is not None:
+                await sandboxes()[0].client.delete(trace.state.sandbox_id)
+
+
+class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
+    @property
+    def key(self) -> str:
+        return self.data.id  # the durable task id
+
+    def row(self) -> TaskRow:
+        return parse_row({"question": self.data.prompt, "info": self.data.info}, f"task {self.data.id}")
+
+    async def setup(self, trace: vf.Trace, runtime) -> None:
+        trace.info["versions"] = versions()  # trace.info, not the task's: parse_row takes exactly the dataset's keys
+        if not isinstance(trace.agent.config.harness, PyTorchHarnessConfig):
+            raise ValueError(
+                f"pytorch-env runs with its own harness (got {trace.agent.config.harness.id!r}): it keeps the "
+                "model's code in the sandbox and deletes the sandbox afterwards; drop --env.agent.harness.id"
+            )
+        transport, relay = sandboxes()
+        await relay.serve()
+        try:
+            sandbox = await transport.client.create(transport.request)
+            trace.state.sandbox_id = sandbox.id  # from here on, the harness cleanup deletes it
+            await transport.client.wait_for_creation(sandbox.id)
+            await transport.wait_ready(sandbox.id)
+            await rollout.preload(transport.client, sandbox.id, self.row().inputs, transport.command_timeout)
+        except Exception as e:
+            raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
+
+    async def finalize(self, trace: vf.Trace, runtime) -> None:
+        transport, _ = sandboxes()
+        outcome = await rollout.score(
+            transport.client, trace.state.sandbox_id, self.row().expected, transport.command_timeout
+        )
+        trace.info.update(outcome.as_state())
+        if outcome.scoring_error is not None:
+            raise vf.SandboxError(outcome.scoring_error)
+
+    @vf.reward(weight=1.0)
+    async def correctness(self, trace: vf.Trace) -> float:
+        return trace.info["verdict"]["score"]
+
+    @vf.metric
+    async def diagnostics(self, trace: vf.Trace) -> dict[str, float]:
+        return {key: float(trace.info["verdict"][key]) for key in DIAGNOSTICS}
+
+
+class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
+    def load(self):
+        config = self.config
+        for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed):
+            data = PyTorchTaskData(
+                id=row.task_id, prompt=row.question, system_prompt=SYSTEM_PROMPT, info=row_info(row)
+            )
+            yield PyTorchTask(data, self.config.task)
+
+    @classmethod
+    def toolsets(cls, config: PyTorchTasksetConfig) -> list[vf.Toolset]:
+        transport, relay = sandboxes()
+        tools = PyTorchToolsConfig(
+            relay=relay.path, cell_deadline=transport.cell_deadline, command_timeout=transport.command_timeout
+        )
+        return [PyTorchTools(tools)]
+
+
+def row_info(row: TaskRow) -> dict:
+    """The row's `info` as in the dataset file: the codec round-trips tensors exactly."""
+    return {
+        "task_id": row.task_id,
+        "category": row.category,
+        "inputs": [{"name": name, "tensor": codec.encode(t)} for name, t in row.inputs.items()],
+        "expected_output": codec.encode(row.expected),
+        "reference_solution": row.reference_solution,
+        **row.provenance(),
+    }
+
+
+class PyTorchEnvConfig(vf.SingleAgentEnvConfig):
+    # The harness runs no model code, so the host's subprocess runtime suits it (v1's default,
+    # Prime, needs a Prime key); 5 turns as in the classic load_environment.
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig(), max_turns=5)
+
+
+class PyTorchV1Env(vf.SingleAgentEnv, vf.Env[PyTorchEnvConfig]):
+    """The single-agent env with this environment's defaults."""

@@ -1,0 +1,102 @@
+"""Prime sandboxes: the same supervisor and interpreter as the local sandbox, in a python:3.11-slim container on
+Prime's service. Only where the sandbox lives differs; every step is a prime_sandboxes call.
+
+The container's start command unpacks ptenv/inside (shipped in an environment variable),
+installs the CPU torch wheel of the host's torch version (so the references reproduce), puts the
+`ptenv-session` client on PATH and starts the supervisor. Setup then waits until the server
+answers; from there on the commands are the ones the local supervisor serves as a built-in, and
+the model's own bash commands go through it too (`model_shell`), to run as the model's uid.
+"""
+
+import asyncio
+import base64
+import io
+import json
+import tarfile
+
+import torch
+from prime_sandboxes import CreateSandboxRequest, StartCommand
+
+from ptenv import inside
+
+IMAGE = "python:3.11-slim"
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+SESSION_SOCKET = "/run/ptenv.sock"
+READY_TIMEOUT = 900  # seconds for the container to install torch and start the supervisor
+READY_POLL = 2.0
+
+START_SCRIPT = f"""\
+set -e
+mkdir -p /opt/ptenv
+printf '%s' "$PTENV_INSIDE" | base64 -d | tar -xz -C /opt/ptenv
+pip install --no-cache-dir --quiet --index-url {TORCH_INDEX} "torch==$PTENV_TORCH"
+printf '#!/bin/sh\\nPYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.prime_cli "$@"\\n' > /usr/local/bin/ptenv-session
+chmod +x /usr/local/bin/ptenv-session
+cd /tmp
+PYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.main serve {SESSION_SOCKET}
+"""
+
+READY_COMMAND = f"test -S {SESSION_SOCKET}"
+
+
+def model_shell(command: str, cwd: str | None, timeout: float) -> tuple[str, None]:
+    """The model's bash command as `ptenv-session sh ...`: Prime runs commands as the container's
+    root, the supervisor runs this one as the model's uid (supervisor.py, `serve`)."""
+    request = json.dumps({"command": command, "cwd": cwd, "timeout": timeout})
+    return f"ptenv-session sh {base64.b64encode(request.encode()).decode()}", None
+
+
+def torch_version() -> str:
+    """The host's torch release without its local tag (2.13.0+cpu -> 2.13.0)."""
+    return torch.__version__.split("+")[0]
+
+
+def inside_archive() -> str:
+    """The files of ptenv/inside as a base64 tar.gz, with fixed metadata so the payload is reproducible."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.USTAR_FORMAT) as tar:
+        for rel in inside.FILES:
+            data = (inside.SOURCE_ROOT / rel).read_bytes()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def sandbox_request(cell_timeout: int) -> CreateSandboxRequest:
+    return CreateSandboxRequest(
+        name="pytorch-env",
+        docker_image=IMAGE,
+        start_command=StartCommand(executable="sh", args=["-c", START_SCRIPT]),
+        cpu_cores=1,
+        memory_gb=2,
+        disk_size_gb=5,
+        timeout_minutes=60,
+        environment_vars={
+            "PTENV_INSIDE": inside_archive(),
+            "PTENV_TORCH": torch_version(),
+            "PTENV_CELL_TIMEOUT": str(cell_timeout),
+        },
+    )
+
+
+async def wait_for_supervisor(client, sandbox_id: str, timeout: float = READY_TIMEOUT) -> None:
+    """Poll until the supervisor listens (the container installs torch first)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        reply = await client.execute_command(sandbox_id, READY_COMMAND, timeout=30)
+        if reply.exit_code == 0:
+            return
+        if loop.time() >= deadline:
+            raise TimeoutError(f"the supervisor of sandbox {sandbox_id} did not start within {timeout:g} s")
+        await asyncio.sleep(READY_POLL)
+
+
+async def delete_all(sandbox_ids: list[str]) -> None:
+    """Bulk-delete leftovers with the synchronous client, as SandboxEnv's own teardown does."""
+    from prime_sandboxes import APIClient, SandboxClient
+
+    client = SandboxClient(APIClient())
+    for start in range(0, len(sandbox_ids), 100):
+        await asyncio.to_thread(client.bulk_delete, sandbox_ids=sandbox_ids[start : start + 100])

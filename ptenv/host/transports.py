@@ -1,0 +1,73 @@
+"""The two places a sandbox can live, behind one shape: a prime_sandboxes-like client, the create
+request, and the few steps that differ (starting the session, deleting leftovers at teardown)."""
+
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from prime_sandboxes import CreateSandboxRequest
+
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+
+LOG = logging.getLogger("verifiers.pytorch_env")  # shown wherever verifiers' own log is
+CELL_TIMEOUT = 30  # seconds one execute_code cell may run
+COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
+CELL_MARGIN = 15  # past the cell limit: the session is restarted and the reply sent
+
+
+@dataclass(frozen=True)
+class Transport:
+    client: object  # the prime_sandboxes-like async client
+    request: CreateSandboxRequest
+    create_attempts: int
+    wait_ready: Callable[[str], Awaitable[None]]  # sandbox id -> supervisor ready for preload
+    delete_all: Callable[[list[str]], Awaitable[object]]  # teardown of leftovers
+    # The model's bash command, working dir and timeout -> the command and working dir to execute,
+    # so that it runs as the model (the local supervisor runs every shell that way already).
+    model_shell: Callable[[str, str | None, float], tuple[str, str | None]]
+    command_timeout: int = COMMAND_TIMEOUT
+    cell_deadline: int = CELL_TIMEOUT + CELL_MARGIN
+
+
+def local() -> Transport:
+    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT))
+    LOG.info("pytorch-env local sandboxes: %s", client.isolation_mode)
+
+    async def supervisor_is_built_in(sandbox_id: str) -> None:
+        """Local sandboxes start with their session running."""
+
+    return Transport(
+        client=client,
+        request=CreateSandboxRequest(name="pytorch-env", docker_image="local"),
+        create_attempts=1,  # a local failure is deterministic: retrying only delays the error
+        wait_ready=supervisor_is_built_in,
+        delete_all=client.bulk_delete,
+        model_shell=lambda command, cwd, timeout: (command, cwd),
+    )
+
+
+def prime() -> Transport:
+    # Imported here: the Prime client is only needed, and only available, with classic verifiers.
+    from verifiers.legacy.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
+
+    from ptenv.host import prime
+
+    client = ThreadedAsyncSandboxClient()
+    return Transport(
+        client=client,
+        request=prime.sandbox_request(CELL_TIMEOUT),
+        create_attempts=5,  # the service can fail transiently
+        wait_ready=lambda sandbox_id: prime.wait_for_supervisor(client, sandbox_id),
+        delete_all=prime.delete_all,
+        model_shell=prime.model_shell,
+    )
+
+
+TRANSPORTS = {"local": local, "prime": prime}
+
+
+def create(name: str) -> Transport:
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown sandbox {name!r}: choose one of {sorted(TRANSPORTS)}")
+    return TRANSPORTS[name]()

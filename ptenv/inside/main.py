@@ -1,0 +1,63 @@
+"""The program every sandbox runs: imports torch once and warms it up, then becomes either the
+local fork server or a container's supervisor. Started by the host as
+
+    python -S -P -m ptenv.inside.main forkserver <control fd> <cgroup dir fds as JSON> root|rootless   (local)
+    python -S -P -m ptenv.inside.main serve <socket path>                            (Prime)
+"""
+
+import ast
+import gc
+import json
+import os
+import site
+import socket
+import sys
+import traceback
+
+import torch
+
+from ptenv.inside import codec, supervisor
+from ptenv.inside.forkserver import ForkServer
+from ptenv.inside.namespace import new_namespace
+from ptenv.inside.protocol import Limits
+
+USAGE = "usage: python -m ptenv.inside.main forkserver <control fd> <cgroup fds> root|rootless | serve <socket path>"
+
+
+def warm_up() -> None:
+    """Run once what every interpreter runs, so forks start warm."""
+    # A forked child of a parent that ran a multi-threaded op hangs in its next parallel op.
+    torch.set_num_threads(1)
+    x = torch.ones(4, 4)
+    repr(codec.decode(codec.encode(x @ x)))  # printing a tensor imports a few modules lazily
+    layer = torch.nn.Linear(4, 2)
+    layer(x).sum().backward()
+    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    namespace = new_namespace({"x": x})
+    exec(compile("y = x + 1", "<warm-up>", "exec"), namespace)
+    traceback.format_exception(ValueError("warm-up"))
+    ast.parse("x")
+    site.setquit()  # `exit()` in a cell behaves as in a normal interpreter (we start with -S)
+
+
+def serve_forks(control_fd: int, cgroup_dirs: dict[str, int], rootless: bool) -> None:
+    warm_up()
+    gc.freeze()  # keep the collector from touching (and so copying) the parent's objects
+    server = ForkServer(socket.socket(fileno=control_fd), cgroup_dirs, rootless)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 2)  # the host reads our stderr only while we start
+    server.serve()
+
+
+def serve(socket_path: str) -> None:
+    warm_up()
+    supervisor.serve(socket_path, Limits(cell_timeout=float(os.environ.get("PTENV_CELL_TIMEOUT", "30"))))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["forkserver"] and len(sys.argv) == 5 and sys.argv[4] in ("root", "rootless"):
+        serve_forks(int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4] == "rootless")
+    elif sys.argv[1:2] == ["serve"] and len(sys.argv) == 3:
+        serve(sys.argv[2])
+    else:
+        sys.exit(USAGE)

@@ -1,0 +1,119 @@
+"""What the host and the processes of a sandbox say to each other: one framing, the limits of a
+sandbox in one frozen config, and the size bounds of every reply. Standard library only.
+
+Every channel is a stream socket carrying length-prefixed frames. A read from the model's side
+(the interpreter) is bounded in size before anything is decoded, and has one overall deadline, so a
+peer that trickles a byte at a time cannot stretch it.
+"""
+
+import asyncio
+import select
+import socket
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+FRAME = struct.Struct(">Q")
+MAX_RESULT_BYTES = 64 << 20  # the largest tensor `result` may hold (the codec's own cap)
+# A result reply carries the tensor's bytes in base64 plus a little JSON around them.
+MAX_RESULT_REPLY = (MAX_RESULT_BYTES + 2) // 3 * 4 + 4096
+MAX_FRAME = MAX_RESULT_REPLY + 4096  # a supervisor's reply to the host: one result reply, wrapped
+
+
+class FrameError(ValueError):
+    """A frame over its cap: the peer broke the protocol."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Everything a sandbox is allowed, decided once by load_environment and passed down to the
+    supervisor that enforces it."""
+
+    cell_timeout: float = 30.0  # seconds one cell may run
+    memory_mb: int = 2048  # all of the model's processes together, shared memory included
+    processes: int = 64
+    open_files: int = 1024
+    file_mb: int = 128  # the largest file it may write
+    scratch_mb: int = 256  # its private /tmp
+    shm_mb: int = 64  # its private /dev/shm
+    output_bytes: int = 16 * 1024  # kept per stream of a cell or command; the rest is cut with a notice
+    ptys: int = 16  # its private /dev/pts instance
+    cpu_per_cell_limit: int = 10  # CPU seconds per process = this many full-length cells
+    grace: float = 2.0  # past a cell's limit before the supervisor kills the interpreter
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def cell_reply_cap(self) -> int:
+        """The longest cell reply a supervisor sends: three streams of `output_bytes` characters,
+        each at worst six characters once JSON-escaped, plus the fields around them."""
+        return 3 * 6 * self.output_bytes + 1024
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(FRAME.pack(len(payload)) + payload)
+
+
+def recv_frame(sock: socket.socket, cap: int = MAX_FRAME, deadline: float | None = None) -> bytearray | None:
+    """One frame, or None at end of stream. FrameError if it is over `cap`; TimeoutError if the
+    whole frame has not arrived by `deadline` (time.monotonic())."""
+    header = _recv_exact(sock, FRAME.size, deadline)
+    if header is None:
+        return None
+    (n,) = FRAME.unpack(header)
+    if n > cap:
+        raise FrameError(f"a frame of {n} bytes is over the {cap}-byte cap")
+    return _recv_exact(sock, n, deadline)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytearray | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([sock], [], [], left)[0]:
+                raise TimeoutError(f"{got} of {n} bytes arrived before the deadline")
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+async def recv_frame_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: int = MAX_FRAME) -> bytearray | None:
+    """recv_frame on a non-blocking socket in an event loop; the caller bounds the time."""
+    header = await _recv_exact_async(loop, sock, FRAME.size)
+    if header is None:
+        return None
+    (n,) = FRAME.unpack(header)
+    if n > cap:
+        raise FrameError(f"a frame of {n} bytes is over the {cap}-byte cap")
+    return await _recv_exact_async(loop, sock, n)
+
+
+async def _recv_exact_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytearray | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = await loop.sock_recv_into(sock, view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """A long text's start and end: a traceback's first frames and where the exception's line
+    starts, and what it ended with."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 48) // 2  # room for the notice: the result is never longer than `limit`
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Any message as one line of at most `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

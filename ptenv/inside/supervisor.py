@@ -1,0 +1,524 @@
+"""The supervisor: the harness inside a sandbox. It serves the host's commands, owns the interpreter
+and the shells, and enforces the sandbox's limits.
+
+Locally it is PID 1 of the sandbox's own PID namespace, running as a uid of its own, while
+everything it starts runs as the model's uid (isolation.py). In a container (Prime) it serves
+the interpreter beside other processes and only ever kills what it started.
+
+The rule it keeps: whatever the interpreter sends or fails to send (malformed, oversized, nested,
+slow, silent or dead) is the model's answer and becomes a well-formed reply; only a failure of
+the supervisor itself reaches the host as an error.
+"""
+
+import base64
+import binascii
+import json
+import os
+import re
+import resource
+import select
+import signal
+import socket
+import subprocess
+import time
+
+from ptenv.inside import cgroups
+from ptenv.inside.children import exited_children
+from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
+from ptenv.inside.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
+from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, cut_middle, one_line, recv_frame, send_frame
+from ptenv.inside.interpreter import Interpreter
+
+MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
+INTERPRETER_BROKEN = 70
+CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
+BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
+def describe(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code == INTERPRETER_BROKEN:
+        return "broke (a cell damaged the code that runs cells)"
+    if code >= 0:
+        return f"exited with code {code}"
+    name = signal.Signals(-code).name
+    return f"was killed by {name}" + (" (the CPU time limit)" if name == "SIGXCPU" else "")
+
+
+class Capture:
+    """Keeps the first `cap` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.head = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+
+    def text(self) -> str:
+        return self.head.decode("utf-8", "replace")
+
+    def with_notice(self) -> str:
+        return self.text() + f"\n[... {self.cut} more bytes cut]" if self.cut else self.text()
+
+    @property
+    def cut(self) -> int:
+        return self.total - len(self.head)
+
+
+def read_available(fd: int, sink: Capture) -> None:
+    """Read what is in a non-blocking pipe now; bounded, as a background writer may never stop."""
+    for _ in range(64):
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            return
+        sink.feed(data)
+
+
+def live_pids() -> list[int]:
+    """The processes of this sandbox that are not zombies (this /proc shows only our namespace)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != b"Z":
+                pids.append(int(name))
+    return pids
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, ensure_ascii=False)  # escaping stays bounded: see Limits.cell_reply_cap
+
+
+def cell_doc(status, out: Capture, err: Capture, tb: str, reset, limit) -> str:
+    """The JSON document a cell (or a preload) answers with; `reset` says why variables were lost."""
+    return dumps({
+        "status": status,
+        "stdout": out.text(),
+        "stderr": err.text() + tb,
+        "stdout_cut": out.cut,
+        "stderr_cut": err.cut,
+        "reset": reset,
+        "limit": limit,
+    })
+
+
+def cell_status(frame, tb_cap: int) -> tuple[str | None, str]:
+    """(status, traceback) from the interpreter's reply to a cell; (None, "") if it is not one."""
+    try:
+        reply = json.loads(frame)
+        status, tb = reply["status"], reply["traceback"]
+    except (TypeError, ValueError, KeyError, RecursionError):
+        return None, ""
+    if status not in ("ok", "error", "timeout") or not isinstance(tb, str):
+        return None, ""
+    return status, cut_middle(tb, tb_cap)
+
+
+def result_doc(frame) -> dict:
+    """The interpreter's reply to `result`, rebuilt from its parts: well formed and bounded whatever
+    the model sent. The host still decodes the tensor strictly."""
+    try:
+        doc = json.loads(frame)
+    except (ValueError, RecursionError):
+        return invalid("the interpreter's reply to `result` is not JSON")
+    status = doc.get("status") if isinstance(doc, dict) else None
+    if status == "missing":
+        return {"status": "missing"}
+    if status == "invalid" and isinstance(doc.get("reason"), str):
+        return invalid(doc["reason"])
+    tensor = doc.get("result") if status == "ok" else None
+    if (
+        isinstance(tensor, dict) and set(tensor) == {"dtype", "shape", "data"}
+        and isinstance(tensor["dtype"], str) and len(tensor["dtype"]) <= 32
+        and isinstance(tensor["shape"], list) and len(tensor["shape"]) <= 64
+        and all(type(n) is int for n in tensor["shape"])
+        and isinstance(tensor["data"], str) and BASE64.fullmatch(tensor["data"])
+    ):
+        return {"status": "ok", "result": tensor}
+    return invalid("the interpreter's reply to `result` is malformed")
+
+
+def invalid(reason: str) -> dict:
+    return {"status": "invalid", "reason": one_line(reason, 200)}
+
+
+class Supervisor:
+    """Serves the commands for one sandbox; owns the interpreter and the shells."""
+
+    def __init__(self, channel: socket.socket, limits: Limits, model: ModelUser | None,
+                 cgroup: dict[str, int] | None = None, owns_pid_namespace: bool = True):
+        self.channel = channel  # its end means the sandbox was deleted
+        self.limits = limits
+        self.model = model  # None in a container we do not run as root in: the model runs as we do
+        self.cgroup = cgroup  # fds of the model's cgroup (cgroups.py), or None: we poll memory ourselves
+        self.owns_pid_namespace = owns_pid_namespace  # False in a container: we are not its PID 1
+        self.next_memory_check = 0.0  # set when each command starts
+        self.oom_kills = cgroups.oom_kills(cgroup) if cgroup else 0
+        cpu = max(1, round(limits.cpu_per_cell_limit * limits.cell_timeout))
+        self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
+        self.env = dict(os.environ)
+        self.inputs = "{}"  # encoded inputs as JSON text; every fresh interpreter loads them
+        self.interpreter = None
+        self.start_interpreter()
+
+    # -- requests from the host
+
+    def serve(self) -> None:
+        while True:
+            frame = recv_frame(self.channel)
+            if frame is None:
+                return  # the host closed the sandbox: exiting as PID 1 kills everything in it
+            send_frame(self.channel, self.answer(frame))
+
+    def answer(self, frame: bytes) -> bytes:
+        request = json.loads(frame)
+        try:
+            reply = self.handle(request["command"], request["cwd"], request["timeout"])
+            if self.owns_pid_namespace:
+                self.sweep()
+        except Exception as e:  # a bug here must reach the host as an error, not as silence
+            reply = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
+        return json.dumps({**reply, "id": request.get("id")}).encode()
+
+    def handle(self, command: str, cwd: str | None, timeout: float) -> dict:
+        words = command.split()
+        # `ptenv-session ...` is served here instead of by a shell: it keeps an empty cell to a
+        # few ms. The same commands go through a real client script where the sandbox is remote.
+        if words and words[0] == "ptenv-session":
+            return self.builtin(words[1:], timeout)
+        return self.shell(command, cwd or SCRATCH, timeout)
+
+    def builtin(self, args: list[str], timeout: float) -> dict:
+        """Serve `ptenv-session ...`; its stdout is one JSON document that the host parses (`sh`
+        answers as a shell). Nothing here runs past `timeout`, the host's wait for the command."""
+        limit = min(timeout, self.limits.cell_timeout)
+        try:
+            if args == ["result"]:
+                doc = self.read_result(limit)
+            elif args[:1] == ["exec"] and len(args) <= 2:  # an empty cell encodes to nothing
+                doc = self.exec_cell(base64.b64decode("".join(args[1:]), validate=True).decode(), limit)
+            elif len(args) == 2 and args[0] == "preload":
+                doc = self.preload(base64.b64decode(args[1], validate=True).decode(), limit)
+            elif len(args) == 2 and args[0] == "sh":
+                return self.model_shell(json.loads(base64.b64decode(args[1], validate=True)), timeout)
+            else:
+                usage = "usage: ptenv-session exec <base64 code> | preload <base64 json> | result | sh <base64 json>"
+                return {"stdout": "", "stderr": usage, "exit_code": 2}
+        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+            return {"stdout": "", "stderr": f"ptenv-session: bad argument: {e}", "exit_code": 2}
+        return {"stdout": doc, "stderr": "", "exit_code": 0}
+
+    # -- the interpreter
+
+    def start_interpreter(self) -> None:
+        control, child_end = socket.socketpair()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        on_model_side, on_model_side_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self.channel.detach())
+                os.close(control.detach())
+                self.enter_model_side(SCRATCH)
+                close_fds_except({child_end.fileno(), out_w, err_w})  # closing on_model_side_w says so
+                Interpreter(child_end, out_w, err_w, self.inputs, self.limits.output_bytes).serve()
+            finally:
+                os._exit(INTERPRETER_BROKEN)  # a cell broke the interpreter's own code (e.g. patched builtins)
+        child_end.close()
+        os.close(out_w)
+        os.close(err_w)
+        os.close(on_model_side_w)
+        # Wait until the interpreter runs as the model (or is gone): until then the model's next
+        # command could not see it, and a `kill -9 -1` sent right after a reset would miss it.
+        select.select([on_model_side], [], [], self.limits.cell_timeout)
+        os.close(on_model_side)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        self.interpreter = {
+            "pid": pid, "status": None, "control": control, "out": out_r, "err": err_r, "pidfd": os.pidfd_open(pid)
+        }
+
+    def enter_model_side(self, cwd: str) -> None:
+        """In a child, before it runs anything of the model's: the model's cgroup and uid, its limits."""
+        if self.cgroup:
+            cgroups.join(self.cgroup)
+            for fd in self.cgroup.values():
+                os.close(fd)
+        if self.model is not None:
+            become_model(self.model, self.limits)
+        resource.setrlimit(resource.RLIMIT_CPU, self.cpu_limit)
+        os.chdir(cwd)
+
+    def restart_interpreter(self) -> None:
+        """Kill everything in the sandbox but us, then fork a fresh interpreter with the inputs."""
+        s = self.interpreter
+        for _ in range(100):  # a fork bomb may need a few rounds
+            try:
+                # The interpreter leads its own process group; as PID 1 we may kill everything else.
+                os.kill(-1 if self.owns_pid_namespace else -s["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            while True:
+                try:
+                    os.waitpid(-1 if self.owns_pid_namespace else -s["pid"], 0)
+                except ChildProcessError:
+                    break
+        s["control"].close()
+        for fd in (s["out"], s["err"], s["pidfd"]):
+            os.close(fd)
+        self.start_interpreter()
+
+    def interpreter_death(self) -> str | None:
+        """Why the interpreter is gone, or None while it lives."""
+        s = self.interpreter
+        if not select.select([s["pidfd"]], [], [], 0)[0]:
+            return None
+        self.reap()
+        if self.over_memory(now=True):
+            return f"used more than its {self.limits.memory_mb} MiB of memory"
+        return describe(s["status"]) if s["status"] is not None else "ended"
+
+    def ask_interpreter(self, request: dict, limit: float, cap: int, capture: tuple[Capture, Capture] | None):
+        """Send a request and wait for the reply, all within limit + grace; returns
+        (reply | None, why there is none: None when the time ran out)."""
+        s = self.interpreter
+        deadline = time.monotonic() + limit + self.limits.grace
+        try:
+            s["control"].settimeout(limit + self.limits.grace)  # a wedged interpreter must not wedge us
+            send_frame(s["control"], json.dumps(request).encode())
+        except TimeoutError:
+            return None, None
+        except OSError:
+            return None, "closed its control channel"
+        finally:
+            s["control"].settimeout(None)
+        watch = [s["control"], s["pidfd"], self.channel]
+        self.next_memory_check = time.monotonic() + MEMORY_POLL  # a quick request never pays for a look
+        if capture:
+            watch += [s["out"], s["err"]]
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, None
+            ready, _, _ = select.select(watch, [], [], min(left, MEMORY_POLL))
+            self.exit_if_deleted(ready)
+            if capture:
+                self.drain(capture)
+            if s["control"] in ready:
+                try:
+                    frame = recv_frame(s["control"], cap, deadline)
+                except TimeoutError:
+                    return None, "did not finish its reply within the time limit"
+                except ValueError:
+                    return None, "sent an oversized reply"
+                except OSError:
+                    frame = None
+                if frame is not None:
+                    return frame, None
+                # A dying process closes its sockets before it is done exiting: wait a moment.
+                select.select([s["pidfd"]], [], [], 1.0)
+                return None, self.interpreter_death() or "closed its control channel"
+            if s["pidfd"] in ready:
+                return None, self.interpreter_death() or "ended"
+            if self.over_memory():
+                return None, f"used more than its {self.limits.memory_mb} MiB of memory"
+
+    def exit_if_deleted(self, ready: list) -> None:
+        if self.channel in ready and not self.channel.recv(1, socket.MSG_PEEK):
+            os._exit(0)  # the host deleted the sandbox mid-command
+
+    def over_memory(self, now: bool = False) -> bool:
+        """Whether the model's processes went past the memory limit. With a cgroup the kernel
+        enforces it and we look at its count of OOM kills; otherwise we sum the processes' PSS
+        (shared pages counted once), once per MEMORY_POLL at most."""
+        if self.cgroup:
+            kills = cgroups.oom_kills(self.cgroup)
+            over, self.oom_kills = kills > self.oom_kills, kills
+            return over
+        t = time.monotonic()
+        if not self.owns_pid_namespace or (t < self.next_memory_check and not now):
+            return False
+        self.next_memory_check = t + MEMORY_POLL
+        total_kb = 0
+        for pid in live_pids():
+            if pid != os.getpid():
+                try:
+                    with open(f"/proc/{pid}/smaps_rollup") as f:
+                        total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+                except (OSError, StopIteration, ValueError):
+                    continue  # gone meanwhile
+        return total_kb > self.limits.memory_mb * 1024
+
+    def drain(self, capture: tuple[Capture, Capture]) -> None:
+        for fd, sink in zip((self.interpreter["out"], self.interpreter["err"]), capture):
+            read_available(fd, sink)
+
+    def exec_cell(self, code: str, limit: float) -> str:
+        reset = self.interpreter_death()  # it may have died between cells (e.g. the CPU limit)
+        if reset:
+            self.restart_interpreter()
+        cap = self.limits.output_bytes
+        out, err = Capture(cap), Capture(cap)
+        request = {"op": "exec", "code": code, "limit": limit}
+        frame, failure = self.ask_interpreter(request, limit, 16 * cap, (out, err))
+        self.drain((out, err))
+        status, tb = cell_status(frame, cap)
+        if status is None:
+            if frame is None and failure is None:
+                status, reset = "timeout", "ran past the time limit"
+            else:
+                status, reset = "reset", failure or "sent a malformed reply"
+            self.restart_interpreter()
+        return cell_doc(status, out, err, tb, reset, limit)
+
+    def preload(self, inputs: str, limit: float) -> str:
+        if self.interpreter_death():
+            self.restart_interpreter()
+        cap = self.limits.output_bytes
+        frame, failure = self.ask_interpreter({"op": "load", "inputs": inputs}, limit, cap, None)
+        error = "" if frame == b"ok" else bytes(frame or b"").decode("utf-8", "replace")
+        if frame is None:
+            self.restart_interpreter()
+            error = f"loading the inputs failed: the interpreter {failure or 'ran past the time limit'}"
+        elif not error:
+            self.inputs = inputs
+        return cell_doc("error" if error else "ok", Capture(cap), Capture(cap), error[:cap], None, limit)
+
+    def read_result(self, limit: float) -> str:
+        if self.interpreter_death():
+            self.restart_interpreter()
+            return dumps({"status": "missing"})
+        frame, failure = self.ask_interpreter({"op": "result"}, limit, MAX_RESULT_REPLY, None)
+        if frame is None:
+            self.restart_interpreter()
+            return dumps(invalid(f"reading result failed: the interpreter {failure or 'ran past the time limit'}"))
+        return dumps(result_doc(frame))
+
+    # -- shell commands
+
+    def model_shell(self, request: dict, host_timeout: float) -> dict:
+        """`ptenv-session sh`: where the host's commands run with more rights than the model (in a
+        Prime container, as root), the model's shell commands come through here, to run as the model."""
+        timeout = min(host_timeout, max(0.0, float(request["timeout"])))  # the request may be the model's
+        reply = self.shell(str(request["command"]), str(request["cwd"] or SCRATCH), timeout)
+        if reply.get("timed_out"):
+            return {"stdout": "", "stderr": f"[killed: the command ran past its {timeout:g} s limit]\n", "exit_code": 124}
+        return reply
+
+    def shell(self, command: str, cwd: str, timeout: float) -> dict:
+        out, err = Capture(self.limits.output_bytes), Capture(self.limits.output_bytes)
+        try:
+            process = subprocess.Popen(
+                ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=self.env, process_group=0, preexec_fn=lambda: self.shell_child(cwd),
+            )
+        except OSError as e:
+            return {"stdout": "", "stderr": f"sh: cannot start /bin/sh: {e.strerror}\n", "exit_code": 2}
+        pidfd = os.pidfd_open(process.pid)
+        streams = {process.stdout.fileno(): out, process.stderr.fileno(): err}
+        for fd in streams:
+            os.set_blocking(fd, False)
+        deadline = time.monotonic() + timeout
+        self.next_memory_check = time.monotonic() + MEMORY_POLL
+        over_memory = False
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([pidfd, self.channel, *streams], [], [], min(max(left, 0), MEMORY_POLL))
+            self.exit_if_deleted(ready)
+            for fd, sink in streams.items():
+                read_available(fd, sink)
+            over_memory = self.over_memory()
+            if pidfd in ready or left <= 0 or over_memory:
+                break
+        timed_out = pidfd not in ready and not over_memory
+        if over_memory:
+            self.kill_group(process.pid)
+            err.feed(f"\n[killed: the sandbox used more than its {self.limits.memory_mb} MiB of memory]\n".encode())
+        if timed_out:
+            self.kill_group(process.pid)
+        # The command is over when the shell exits; a background job may keep the pipes open.
+        status = process.wait()
+        process.stdout.close()
+        process.stderr.close()
+        os.close(pidfd)
+        if timed_out:
+            return {"timed_out": True}
+        return {"stdout": out.with_notice(), "stderr": err.with_notice(), "exit_code": status if status >= 0 else 128 - status}
+
+    def shell_child(self, cwd: str) -> None:
+        """In the shell's process, between fork and exec."""
+        try:
+            self.enter_model_side(cwd)
+        except OSError as e:
+            os.write(2, f"sh: cd: {cwd}: {e.strerror}\n".encode())
+            os._exit(2)
+        # At the sandbox's memory limit the kernel kills a shell's processes before the interpreter
+        # (and the variables in it).
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a shell gets the usual defaults
+            signal.signal(sig, signal.SIG_DFL)
+
+    @staticmethod
+    def kill_group(pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def sweep(self) -> None:
+        """Kill every process but us and the interpreter: what a cell or a command started (a
+        background job, a fork bomb) does not outlive it."""
+        keep = {os.getpid(), self.interpreter["pid"]}
+        for _ in range(100):
+            others = [pid for pid in live_pids() if pid not in keep]
+            if not others:
+                return
+            for pid in others:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.reap()  # orphans are ours; the interpreter reaps its own children
+
+    def reap(self) -> None:
+        """As PID 1 we inherit every orphan: reap them all, remembering how the interpreter ended."""
+        for pid, status in exited_children():
+            if pid == self.interpreter["pid"]:
+                self.interpreter["status"] = status
+
+
+def serve(socket_path: str, limits: Limits) -> None:
+    """In a container (Prime): one interpreter for the whole container, served on a unix socket to the
+    `ptenv-session` client (ptenv/inside/prime_cli.py). The container is the isolation; inside it the
+    model's interpreter and shells (`ptenv-session sh`) run as CONTAINER_MODEL_UID, we as root."""
+    # Nothing outside deletes a container's interpreter: its channel is one whose other end we keep.
+    _other_end, channel = socket.socketpair()
+    # As root (a container's default) the model gets a uid of its own; the container's own memory
+    # limit covers everything in it.
+    model = ModelUser(CONTAINER_MODEL_UID) if has_capabilities(CAP_SETUID, CAP_SETGID) else None
+    supervisor = Supervisor(channel, limits, model, owns_pid_namespace=False)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(socket_path + ".tmp")
+    os.chmod(socket_path + ".tmp", 0o600)  # the host's commands only: the model's uid may not connect
+    server.listen()
+    os.rename(socket_path + ".tmp", socket_path)  # `test -S` sees it only once it listens
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            frame = recv_frame(conn)
+            if frame is not None:
+                send_frame(conn, supervisor.answer(frame))

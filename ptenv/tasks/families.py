@@ -1,0 +1,233 @@
+"""Task families: a family and an integer seed give one task instance, the same bytes on every run.
+
+A family samples its parameters and inputs from a torch.Generator seeded by a SHA-256 of
+(family id, seed), never Python's salted `hash()`, and fills its instruction and reference
+solution from the parameters (string.Template, `$name`). Every basic family is a canonical task
+of ptenv/tasks/canonical.py: its canonical member is that task as committed, and a seed redraws its input
+values and, unless the task names its sizes (tasks.FIXED_SHAPES), its sizes: every canonical size
+maps to one new size, so inputs that had to agree still agree, and the literals its entry lists in
+`vary` (learning rates, bounds, eps, a dtype) take one of their listed values. The intermediate
+and advanced families (ptenv/tasks/intermediate.py, ptenv/tasks/advanced.py) sample shapes,
+values and parameters, and state the maths rather than the function to call.
+
+The grader's tolerance is fixed (ptenv/grader.py), so a draw whose answer it cannot grade fairly
+is redrawn: an instance is kept only when its reference recomputed in float64 and its family's
+independent formulation both pass against it. (Near-zero outputs of sums with cancellation are
+the usual cause; the redraw is deterministic, so the same seed still gives the same bytes.)
+"""
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+from string import Template
+from typing import Callable
+
+import torch
+
+from ptenv.tasks.rows import build_inputs, make_row, run_solution
+from ptenv.grader import grade
+from ptenv.tasks.canonical import FIXED_SHAPES, Task
+
+MAX_DRAWS = 20
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One task, canonical or generated: what the dataset row and the --verify gates are built from."""
+    id: str
+    tier: str
+    family: str
+    seed: int | None  # None for a canonical task
+    does: str
+    inputs: dict[str, torch.Tensor]
+    solution: str
+    independent: str | None = None  # another formulation of the answer, for the tolerance gate
+    degenerate_ok: dict[str, str] = field(default_factory=dict)
+    float64_off: str = ""  # why the float64 recompute may fail (ptenv/tasks/canonical.py says which task and why)
+    shortcuts: dict[str, str] = field(default_factory=dict)  # name -> code of a wrong procedure; see Family
+    params: dict = field(default_factory=dict)  # what a generated family's templates were filled with
+
+    def row(self) -> dict:
+        """The dataset row: a canonical task's exactly as in train.jsonl, a generated one with provenance."""
+        if self.seed is None:
+            return make_row(self.id, self.does, self.inputs, self.solution)
+        return make_row(self.id, self.does, self.inputs, self.solution, tier=self.tier, family=self.family, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A generated family: `sample(g)` returns (params, inputs); `does`, `solution` and
+    `independent` are templates over the params. A held-out family appears only in the test split.
+    `shortcuts` are templates of plausible wrong procedures (greedy decoding for a sampling task, the
+    unmasked op for a masked one): a draw where one of them earns the reward is redrawn, so a
+    policy cannot be rewarded for the shortcut."""
+    id: str
+    does: str
+    sample: Callable[[torch.Generator], tuple[dict, dict[str, torch.Tensor]]]
+    solution: str
+    independent: str | None = None
+    held_out: bool = False
+    shortcuts: dict[str, str] = field(default_factory=dict)
+
+    def instance(self, tier: str, seed: int) -> Instance:
+        return first_gradable(lambda draw: self._draw(tier, seed, draw))
+
+    def _draw(self, tier: str, seed: int, draw: int) -> Instance:
+        params, inputs = self.sample(generator(self.id, seed, draw))
+        fill = lambda text: Template(text).substitute(params) if text is not None else None  # noqa: E731
+        return Instance(f"{self.id}@{seed}", tier, self.id, seed, fill(self.does), inputs,
+                        fill(self.solution), fill(self.independent), params=params,
+                        shortcuts={name: fill(code) for name, code in self.shortcuts.items()})
+
+
+def generator(family_id: str, seed: int, draw: int = 0) -> torch.Generator:
+    key = f"{family_id}#{seed}" + (f"#{draw}" if draw else "")
+    digest = hashlib.sha256(key.encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+# --- the tolerance gate ------------------------------------------------------------------------
+
+
+def float64_answer(instance: Instance):
+    """The reference run with float64 inputs and float64 as the default dtype (so the layers and
+    constants it creates are float64 too)."""
+    inputs = {name: t.double() if t.is_floating_point() else t for name, t in instance.inputs.items()}
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return run_solution(instance.solution, inputs, instance.id)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def other_formulations(instance: Instance, expected: torch.Tensor) -> dict[str, str | None]:
+    """Other correct ways to the answer (the float64 recompute; the independent formulation, if any),
+    each cast to the expected dtype: None when the grader accepts it, else one line saying why not."""
+    ways = {"float64": float64_answer}
+    if instance.independent is not None:
+        ways["independent"] = lambda i: run_solution(i.independent, i.inputs, i.id)
+    problems = {}
+    for name, compute in ways.items():
+        try:
+            verdict = grade(compute(instance).detach().to(expected.dtype), expected)
+            problems[name] = None if verdict.score == 1.0 else verdict.reason
+        except Exception as e:
+            problems[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return problems
+
+
+def unexcused(instance: Instance, problems: dict[str, str | None]) -> dict[str, str]:
+    """The problems left once a task's documented float64 defect (Task.float64_off) is set aside."""
+    return {k: v for k, v in problems.items() if v is not None and not (k == "float64" and instance.float64_off)}
+
+
+def rewarded_shortcuts(instance: Instance, expected: torch.Tensor) -> list[str]:
+    """The names of the instance's shortcuts that the grader accepts."""
+    return [name for name, code in instance.shortcuts.items()
+            if grade(run_solution(code, instance.inputs, instance.id), expected).score != 0.0]
+
+
+def first_gradable(draw: Callable[[int], Instance]) -> Instance:
+    """The first of draws 0, 1, ... that the tolerance grades fairly and that no shortcut passes;
+    ValueError after MAX_DRAWS."""
+    for n in range(MAX_DRAWS):
+        instance = draw(n)
+        expected = run_solution(instance.solution, instance.inputs, instance.id).detach()
+        problems = unexcused(instance, other_formulations(instance, expected))
+        problems.update(dict.fromkeys(rewarded_shortcuts(instance, expected), "the grader accepts this shortcut"))
+        if not problems:
+            return instance
+    raise ValueError(f"{instance.id}: no gradable draw in {MAX_DRAWS} (last: {problems})")
+
+
+# --- sampling helpers ----------------------------------------------------------------------------
+
+
+def randint(g: torch.Generator, low: int, high: int) -> int:
+    """An integer in [low, high]."""
+    return int(torch.randint(low, high + 1, (1,), generator=g))
+
+
+def pick(g: torch.Generator, options):
+    return options[randint(g, 0, len(options) - 1)]
+
+
+def normal(g: torch.Generator, *shape, scale: float = 1.0, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def uniform(g: torch.Generator, low: float, high: float, *shape, dtype=torch.float32) -> torch.Tensor:
+    return (low + (high - low) * torch.rand(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+
+# --- basic families: the canonical tasks with redrawn values -----------------------------------
+
+
+def canonical_instance(task: Task) -> Instance:
+    return Instance(task.id, "basic", task.id, None, task.does, build_inputs(task), task.solution,
+                    degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=task.shortcuts)
+
+
+def basic_instance(task: Task, seed: int) -> Instance:
+    canonical = build_inputs(task)
+    sizes = sorted({d for t in canonical.values() for d in t.shape})
+
+    def draw(n: int) -> Instance:
+        g = generator(task.id, seed, n)
+        # Sizes from 2 (no single-row std, no trivial reductions) to 2 more than the canonical one.
+        resized = {d: d if task.id in FIXED_SHAPES else randint(g, max(2, d - 1), d + 2) for d in sizes}
+        inputs = {name: _redraw(g, t, tuple(resized[d] for d in t.shape), task.grid) for name, t in canonical.items()}
+        chosen = {literal: pick(g, (literal, *others)) for literal, others in task.vary.items()}
+        does, solution = _substitute(task.does, chosen), _substitute(task.solution, chosen)
+        shortcuts = {name: _substitute(code, chosen) for name, code in task.shortcuts.items()}
+        return Instance(f"{task.id}@{seed}", "basic", task.id, seed, does, inputs, solution,
+                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=shortcuts,
+                        params=chosen)
+
+    return first_gradable(draw)
+
+
+def _substitute(text: str, chosen: dict[str, str]) -> str:
+    """Replace each whole literal (not part of a longer number or name; a sentence's full stop may
+    follow it) in one pass, so that a value that is also another literal is not replaced twice."""
+    if not chosen:
+        return text
+    pattern = "|".join(re.escape(literal) for literal in sorted(chosen, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.])({pattern})(?!\w|\.\d)", lambda m: chosen[m.group(1)], text)
+
+
+def _redraw(g: torch.Generator, t: torch.Tensor, shape: tuple, grid: float) -> torch.Tensor:
+    """Fresh values of `shape` and the same dtype within the canonical input's range: bools and 0/1
+    values stay binary, integers (indices, targets) stay within the canonical ones' range, and floats
+    are multiples of `grid` where the task sets one."""
+    if t.dtype == torch.bool:
+        return torch.rand(shape, generator=g) < 0.5
+    low, high = t.min().item(), t.max().item()
+    if not t.is_floating_point():
+        return torch.randint(int(low), int(high) + 1, shape, generator=g, dtype=t.dtype)
+    if ((t == 0) | (t == 1)).all():
+        return (torch.rand(shape, generator=g) < 0.5).to(t.dtype)
+    if grid:
+        steps = torch.randint(math.ceil(low / grid), math.floor(high / grid) + 1, shape, generator=g)
+        return (steps * grid).to(t.dtype)
+    return uniform(g, low, high, *shape, dtype=t.dtype)
+
+
+@dataclass(frozen=True)
+class BasicFamily:
+    """A canonical task as a family: its seeded members redraw the canonical inputs' values."""
+    task: Task
+    held_out = False  # the canonical task is in train, so its family cannot be held out
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+    @property
+    def shortcuts(self) -> dict[str, str]:
+        return self.task.shortcuts
+
+    def instance(self, tier: str, seed: int) -> Instance:
+        return basic_instance(self.task, seed)

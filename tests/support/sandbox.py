@@ -1,0 +1,84 @@
+"""Shared pieces of the sandbox tests: a client per test module, a sandbox per test, helpers."""
+
+import time
+
+import pytest
+from prime_sandboxes import CreateSandboxRequest
+
+from tests.support.proctree import sandbox_processes, supervisor_of
+from ptenv.host.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
+from tests.support.policy_server import serve_in_thread
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+
+REQUEST = CreateSandboxRequest(name="test", docker_image="local")
+CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
+SHORT = 2.0
+MEMORY_MB = 512
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Box:
+    """One sandbox with shortcuts for the three kinds of command."""
+
+    def __init__(self, client: LocalSandboxClient, sandbox_id: str):
+        self.client, self.id = client, sandbox_id
+        self.supervisor = supervisor_of(client, sandbox_id)  # (host pid, start time)
+
+    async def cell(self, code: str, timeout: float | None = None):
+        """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
+        response = await self.client.execute_command(self.id, exec_command(code), timeout=timeout)
+        assert response.exit_code == 0, response
+        return parse_exec_reply(response.stdout)
+
+    async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
+        return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
+
+    async def result(self):
+        return parse_result_reply((await self.client.execute_command(self.id, RESULT_COMMAND)).stdout)
+
+    def processes(self) -> list[int]:
+        """Its supervisor's and the model's processes, as host pids (the supervisor first)."""
+        return sandbox_processes(self.supervisor)
+
+
+async def new_box(client: LocalSandboxClient) -> Box:
+    return Box(client, (await client.create(REQUEST)).id)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The scripted policy server (reference, null, hostile, ...) on 127.0.0.1."""
+    url, stop = serve_in_thread()
+    yield url
+    stop()
+
+
+@pytest.fixture(scope="module")
+def client():
+    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT, memory_mb=MEMORY_MB))
+    yield client
+    client.teardown()
+
+
+@pytest.fixture
+async def box(client):
+    """A fresh sandbox; afterwards it is deleted and none of its processes may be left."""
+    box = await new_box(client)
+    yield box
+    await client.delete(box.id)
+    assert wait_until(lambda: not box.processes()), f"left running: {box.processes()}"
+
+
+async def only_the_sandbox_runs(box: Box) -> None:
+    """Nothing a cell or command started is left: just the supervisor and the session."""
+    assert wait_until(lambda: len(box.processes()) == 2), f"processes: {box.processes()}"
+    assert (await box.cell("print('alive')")).stdout == "alive\n"
