@@ -23,8 +23,6 @@ class Task:
     solution: str
     # Degenerate answers (e.g. "input:x", "zeros") this task may let through, each with the reason why.
     degenerate_ok: dict[str, str] = field(default_factory=dict)
-    # Why the reference recomputed in float64 may fail the grader (the tolerance gate), when it does.
-    float64_off: str = ""
     # Plausible wrong procedures (name -> code), each graded 0: a seeded instance where one earns the
     # reward is redrawn (see ptenv.tasks.families.Family).
     shortcuts: dict[str, str] = field(default_factory=dict)
@@ -165,10 +163,10 @@ TASKS = [
          "result = conv(x).detach()\n"),
     Task("nn_modules/gelu_exact",
          "Apply the exact (erf-based) GELU to `x`, as `torch.nn.GELU()` does by default (not the tanh approximation).",
-         {"x": "torch.linspace(-3.0, 3.0, 13)"},
+         # Not below -2.5: at x = -3 the float32 GELU kernels of two CPU types differ from each other by
+         # 2.5 times the grader's tolerance (the result is 1 - erf's cancellation), so no reference fits both.
+         {"x": "torch.linspace(-2.5, 3.5, 13)"},
          "result = torch.nn.GELU()(x)\n",
-         float64_off="known defect: at x = -3 torch's float32 GELU kernel is 5e-7 (1e-4 relative) off the true "
-                     "value, so the exact formula, in float64 or even in float32, fails; the row stays byte-identical",
          shortcuts={"tanh_approximation": "result = torch.nn.functional.gelu(x, approximate='tanh')\n"}),
     Task("nn_modules/softmax_columns",
          "The softmax of `x` over dimension 0, so that each column sums to 1.",

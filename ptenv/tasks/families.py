@@ -44,7 +44,6 @@ class Instance:
     solution: str
     independent: str | None = None  # another formulation of the answer, for the tolerance gate
     degenerate_ok: dict[str, str] = field(default_factory=dict)
-    float64_off: str = ""  # why the float64 recompute may fail (ptenv/tasks/canonical.py says which task and why)
     shortcuts: dict[str, str] = field(default_factory=dict)  # name -> code of a wrong procedure; see Family
     params: dict = field(default_factory=dict)  # what a generated family's templates were filled with
 
@@ -118,11 +117,6 @@ def other_formulations(instance: Instance, expected: torch.Tensor) -> dict[str, 
     return problems
 
 
-def unexcused(instance: Instance, problems: dict[str, str | None]) -> dict[str, str]:
-    """The problems left once a task's documented float64 defect (Task.float64_off) is set aside."""
-    return {k: v for k, v in problems.items() if v is not None and not (k == "float64" and instance.float64_off)}
-
-
 def rewarded_shortcuts(instance: Instance, expected: torch.Tensor) -> list[str]:
     """The names of the instance's shortcuts that the grader accepts."""
     return [name for name, code in instance.shortcuts.items()
@@ -135,7 +129,7 @@ def first_gradable(draw: Callable[[int], Instance]) -> Instance:
     for n in range(MAX_DRAWS):
         instance = draw(n)
         expected = run_solution(instance.solution, instance.inputs, instance.id).detach()
-        problems = unexcused(instance, other_formulations(instance, expected))
+        problems = {k: v for k, v in other_formulations(instance, expected).items() if v is not None}
         problems.update(dict.fromkeys(rewarded_shortcuts(instance, expected), "the grader accepts this shortcut"))
         if not problems:
             return instance
@@ -167,7 +161,7 @@ def uniform(g: torch.Generator, low: float, high: float, *shape, dtype=torch.flo
 
 def canonical_instance(task: Task) -> Instance:
     return Instance(task.id, "basic", task.id, None, task.does, build_inputs(task), task.solution,
-                    degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=task.shortcuts)
+                    degenerate_ok=task.degenerate_ok, shortcuts=task.shortcuts)
 
 
 def basic_instance(task: Task, seed: int) -> Instance:
@@ -183,7 +177,7 @@ def basic_instance(task: Task, seed: int) -> Instance:
         does, solution = _substitute(task.does, chosen), _substitute(task.solution, chosen)
         shortcuts = {name: _substitute(code, chosen) for name, code in task.shortcuts.items()}
         return Instance(f"{task.id}@{seed}", "basic", task.id, seed, does, inputs, solution,
-                        degenerate_ok=task.degenerate_ok, float64_off=task.float64_off, shortcuts=shortcuts,
+                        degenerate_ok=task.degenerate_ok, shortcuts=shortcuts,
                         params=chosen)
 
     return first_gradable(draw)
