@@ -25,7 +25,7 @@ import pytorch_env
 from tests.support import proctree
 from tests.support.hostile import REPO
 from tests.support.policy_server import POLICIES, reference_policy
-from ptenv.host.commands import MAX_RESULT_REPLY, RESULT_COMMAND
+from ptenv.host.commands import ProtocolError
 from tests.support.sandbox import server, wait_until  # noqa: F401  (server: a fixture)
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -127,57 +127,54 @@ def test_an_interrupted_eval_leaves_no_sandbox_behind(how, server, monkeypatch, 
 # ---- the read-back corrupted at the transport boundary
 
 
-class CorruptingClient:
-    """The real local client, except that the reply to `ptenv-session result` goes through `corrupt`
-    (which may also raise, as a failing transport would)."""
+class CorruptingTransport:
+    """The real local transport, except that the reply to the `result` request goes through
+    `corrupt` (which may also raise, as a failing transport would)."""
 
-    def __init__(self, client, corrupt):
-        self.client, self.corrupt = client, corrupt
+    def __init__(self, transport, corrupt):
+        self.transport, self.corrupt = transport, corrupt
 
     def __getattr__(self, name):
-        return getattr(self.client, name)
+        return getattr(self.transport, name)
 
-    async def execute_command(self, sandbox_id, command, **kwargs):
-        reply = await self.client.execute_command(sandbox_id, command, **kwargs)
-        return self.corrupt(reply) if command == RESULT_COMMAND else reply
+    async def call(self, sandbox_id, op, fields, timeout):
+        reply = await self.transport.call(sandbox_id, op, fields, timeout)
+        return self.corrupt(reply) if op == "result" else reply
 
 
-def stdout(text: str):
-    return lambda reply: CommandResponse(stdout=text, stderr="", exit_code=0)
+def doc(value):
+    return lambda reply: value
 
 
 def truncated_data(reply):
-    """Valid JSON whose tensor payload lost its last bytes."""
-    doc = json.loads(reply.stdout)
-    doc["result"]["data"] = doc["result"]["data"][:-8]
-    return CommandResponse(stdout=json.dumps(doc), stderr="", exit_code=0)
+    """A well-formed document whose tensor payload lost its last bytes."""
+    return {**reply, "result": {**reply["result"], "data": reply["result"]["data"][:-8]}}
 
 
 def timed_out(reply):
-    raise CommandTimeoutError("sandbox", RESULT_COMMAND, 30)
+    raise CommandTimeoutError("sandbox", "result", 30)
+
+
+def failed(reply):
+    raise ProtocolError("`ptenv-session result` exited with 1: ptenv-session: crashed")
 
 
 INVALID_ANSWERS = {
-    "garbage": (stdout("\x00\xff\x8b garbage \ufffd"), "result reply is not JSON"),
-    "cut in half": (lambda r: CommandResponse(stdout=r.stdout[: len(r.stdout) // 2], stderr="", exit_code=0),
-                    "result reply is not JSON"),
     "truncated payload": (truncated_data, "result could not be decoded"),
-    "far over the size cap": (lambda r: CommandResponse(stdout=r.stdout + " " * 2 * MAX_RESULT_REPLY, stderr="",
-                                                        exit_code=0), "characters is over the"),
     "a tensor far over the size cap": (
-        stdout('{"status": "ok", "result": {"dtype": "float32", "shape": [1073741824], "data": "AAAAAA=="}}'),
+        doc({"status": "ok", "result": {"dtype": "float32", "shape": [1073741824], "data": "AAAAAA=="}}),
         "result could not be decoded"),
-    "the wrong document": (stdout('{"status": "ok", "traceback": ""}'), "result reply is malformed"),
+    "the wrong document": (doc({"status": "ok", "traceback": ""}), "result reply is malformed"),
+    "not a document": (doc(["status", "ok"]), "result reply is malformed"),
 }
 HARNESS_ERRORS = {
-    "a failed command": (lambda r: CommandResponse(stdout="", stderr="ptenv-session: crashed\n", exit_code=1),
-                         "`ptenv-session result` exited with 1: ptenv-session: crashed"),
+    "a failed request": (failed, "`ptenv-session result` exited with 1: ptenv-session: crashed"),
     "a timeout": (timed_out, "reading result back failed: CommandTimeoutError"),
 }
 
 
 async def test_the_same_rollout_read_back_untouched_scores_one(env, server, monkeypatch):
-    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, lambda reply: reply))
+    monkeypatch.setattr(env, "transport", CorruptingTransport(env.transport, lambda reply: reply))
     (row,) = await evaluate(env, server, "reference", 1)
     assert row["reward"] == 1.0 and row["scoring_error"] is None
 
@@ -185,7 +182,7 @@ async def test_the_same_rollout_read_back_untouched_scores_one(env, server, monk
 @pytest.mark.parametrize("fault", INVALID_ANSWERS)
 async def test_a_corrupted_read_back_is_an_invalid_answer(env, server, monkeypatch, fault):
     corrupt, reason = INVALID_ANSWERS[fault]
-    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, corrupt))
+    monkeypatch.setattr(env, "transport", CorruptingTransport(env.transport, corrupt))
     (row,) = await evaluate(env, server, "reference", 1)  # a right answer, until the read-back
     assert row["reward"] == 0.0 and row["scoring_error"] is None
     assert reason in row["verdict"]["reason"] and "\n" not in row["verdict"]["reason"]
@@ -194,7 +191,7 @@ async def test_a_corrupted_read_back_is_an_invalid_answer(env, server, monkeypat
 @pytest.mark.parametrize("fault", HARNESS_ERRORS)
 async def test_a_failed_read_back_is_a_harness_error(env, server, monkeypatch, fault):
     corrupt, reason = HARNESS_ERRORS[fault]
-    monkeypatch.setattr(env, "sandbox_client", CorruptingClient(env.sandbox_client, corrupt))
+    monkeypatch.setattr(env, "transport", CorruptingTransport(env.transport, corrupt))
     (row,) = await evaluate(env, server, "reference", 1)
     assert row["reward"] == 0.0 and row["harness_error"] == 1.0
     assert reason in row["scoring_error"] and "\n" not in row["scoring_error"]

@@ -1,5 +1,5 @@
 """The Prime transport, tested at the SDK boundary (the service cannot be reached from here): the
-environment's real rollouts against tests/fake_prime.py, which records every call and payload and
+environment's real rollouts against tests/support/fake_prime.py, which records every call and payload and
 runs the request's start command and each command for real in a container-like bwrap."""
 
 import asyncio
@@ -79,7 +79,13 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     sandbox_id = service.calls[1][1]  # the one wait_for_creation was asked about
     commands = [c for c in service.calls if c[0] == "execute_command"]
     assert all(c[1] == sandbox_id for c in commands)
-    assert commands[-1][2] == "ptenv-session result"
+    # Each harness request is `ptenv-session <op> <base64 JSON fields>`, run by Prime as root.
+    requests = [(c[2].split()[1], json.loads(base64.b64decode(c[2].split()[2]))) for c in commands
+                if c[2].startswith("ptenv-session ")]
+    assert [op for op, _ in requests] == ["preload", "exec", "result"]
+    assert set(requests[0][1]) == {"inputs", "timeout"} and set(json.loads(requests[0][1]["inputs"])) == {"x"}
+    assert requests[1][1]["code"].startswith("result = ") and requests[1][1]["timeout"] == 45
+    assert requests[2][1] == {"timeout": 30}
     assert not service.containers, "the sandbox was deleted"
 
 
@@ -108,11 +114,16 @@ def test_a_container_whose_torch_install_fails_ends_the_same_way(service, server
     assert service.steps()[-1] == "delete" and not service.containers
 
 
-def test_the_client_reports_a_missing_session_server_in_one_line(tmp_path):
+def test_the_client_reports_a_missing_supervisor_or_a_bad_request_in_one_line(tmp_path):
     env = {**os.environ, "PTENV_SESSION_SOCKET": str(tmp_path / "nothing.sock"), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "ptenv.inside.prime_cli", "result"], env=env, capture_output=True, text=True)
-    assert done.returncode == 111
-    assert done.stderr.strip().count("\n") == 0 and "supervisor is not running" in done.stderr
+    for args, code, message in ((["result", "e30="], 111, "supervisor is not running"),
+                                (["result"], 2, "usage: ptenv-session"),
+                                (["exec", "not base64!"], 2, "ptenv-session: "),
+                                (["shell", "e30="], 2, "usage: ptenv-session")):
+        done = subprocess.run([sys.executable, "-m", "ptenv.inside.prime_cli", *args], env=env, capture_output=True,
+                              text=True)
+        assert done.returncode == code, args
+        assert done.stderr.strip().count("\n") == 0 and message in done.stderr, args
 
 
 SERVER = "$(pgrep -u 0 -f 'ptenv.inside.main serve')"  # root's: the session is a fork of it

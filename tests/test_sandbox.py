@@ -17,10 +17,10 @@ from ptenv.host.commands import (
     CAP,
     ReplyError,
     ResultError,
-    exec_command,
+    exec_fields,
     parse_exec_reply,
     parse_result_reply,
-    preload_command,
+    preload_fields,
 )
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
@@ -43,7 +43,7 @@ async def test_variables_models_optimisers_and_grads_persist(box):
 
 async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
     a, b = torch.randn(3, 4), torch.arange(8, dtype=torch.int64).reshape(4, 2)
-    reply = parse_exec_reply((await box.client.execute_command(box.id, preload_command({"a": a, "b": b}))).stdout)
+    reply = parse_exec_reply(await box.client.call(box.id, "preload", preload_fields({"a": a, "b": b}), 30))
     assert reply.status == "ok", reply
     assert (await box.cell("result = a @ b.to(a.dtype)")).status == "ok"
     assert torch.equal(await box.result(), a @ b.to(a.dtype))
@@ -54,8 +54,7 @@ async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
 
 async def test_a_bad_preload_is_an_error_and_keeps_the_namespace(box):
     await box.cell("keep = 1")
-    bad = "ptenv-session preload " + __import__("base64").b64encode(b'{"x": {"dtype": "float32"}}').decode()
-    reply = parse_exec_reply((await box.client.execute_command(box.id, bad)).stdout)
+    reply = parse_exec_reply(await box.client.call(box.id, "preload", {"inputs": '{"x": {"dtype": "float32"}}'}, 30))
     assert reply.status == "error" and "input 'x'" in reply.stderr
     assert (await box.cell("keep")).stdout == "1\n"
 
@@ -63,7 +62,7 @@ async def test_a_bad_preload_is_an_error_and_keeps_the_namespace(box):
 def test_preload_rejects_names_that_would_shadow_the_namespace():
     for name in ("torch", "result", "__builtins__", "not valid", "class"):
         with pytest.raises(ValueError, match="input name"):
-            preload_command({name: torch.ones(1)})
+            preload_fields({name: torch.ones(1)})
 
 
 async def test_stdout_stderr_and_traceback_are_captured_at_the_fd_level(box):
@@ -152,36 +151,34 @@ async def test_a_session_broken_by_the_model_never_yields_a_false_result(box):
 
 def test_result_replies_are_parsed_strictly():
     good = codec.encode(torch.ones(2))
-    assert torch.equal(parse_result_reply(json.dumps({"status": "ok", "result": good})), torch.ones(2))
+    assert torch.equal(parse_result_reply({"status": "ok", "result": good}), torch.ones(2))
     bad = [
-        "",
-        "null",
-        "[]",
-        "{}",
-        '{"status": "ok"}',
-        '{"status": "missing", "extra": 1}',
-        json.dumps({"status": "ok", "result": {**good, "data": "!!"}}),
-        json.dumps({"status": "ok", "result": {**good, "shape": [3]}}),
-        json.dumps({"status": "invalid", "reason": 7}),
-        "x" * (100 << 20),
+        None,
+        [],
+        {},
+        {"status": "ok"},
+        {"status": "missing", "extra": 1},
+        {"status": "ok", "result": {**good, "data": "!!"}},
+        {"status": "ok", "result": {**good, "shape": [3]}},
+        {"status": "invalid", "reason": 7},
     ]
-    for stdout in bad:
+    for doc in bad:
         with pytest.raises(ResultError):
-            parse_result_reply(stdout)
+            parse_result_reply(doc)
     with pytest.raises(ResultError, match="^line one line two$"):
-        parse_result_reply(json.dumps({"status": "invalid", "reason": "line one\nline two"}))
+        parse_result_reply({"status": "invalid", "reason": "line one\nline two"})
 
 
 def test_cell_replies_are_parsed_strictly():
     doc = {"status": "ok", "stdout": "", "stderr": "", "stdout_cut": 0, "stderr_cut": 0, "reset": None, "limit": 30}
-    assert parse_exec_reply(json.dumps(doc)).text() == "(no output)"
+    assert parse_exec_reply(doc).text() == "(no output)"
     for change in ({"status": "fine"}, {"stdout": 3}, {"stdout_cut": -1}, {"reset": 1}, {"extra": 1}):
         with pytest.raises(ReplyError):
-            parse_exec_reply(json.dumps({**doc, **change}))
-    for stdout in ("", "[]", "x" * (1 << 20)):
+            parse_exec_reply({**doc, **change})
+    for other in (None, "", [], "x" * (1 << 20)):
         with pytest.raises(ReplyError):
-            parse_exec_reply(stdout)
-    timeout = parse_exec_reply(json.dumps({**doc, "status": "timeout", "reset": "ran past the time limit"}))
+            parse_exec_reply(other)
+    timeout = parse_exec_reply({**doc, "status": "timeout", "reset": "ran past the time limit"})
     assert timeout.note.startswith("The cell was stopped after the 30 s time limit and the session was restarted")
 
 
@@ -252,7 +249,8 @@ async def test_sandbox_env_runs_unchanged_on_the_local_client():
 async def test_exec_reply_text_for_a_code_string_with_any_characters(box):
     code = "print('ünïcödé \\u2603 \"quotes\" $HOME `ls` \\\\n')"
     assert (await box.cell(code)).stdout == 'ünïcödé ☃ "quotes" $HOME `ls` \\n\n'
-    assert exec_command("").split() == ["ptenv-session", "exec"]
+    assert (await box.cell("")).text() == "(no output)"
+    assert exec_fields("") == {"code": ""}
 
 
 def test_load_environment_logs_the_sandbox_mode_once(caplog):

@@ -178,14 +178,23 @@ def _supervisor_settings(pid: int) -> tuple:
     return fields[16], fields[38], status["Cpus_allowed_list"].strip(), fields[0] in "RS", files
 
 
-@pytest.mark.parametrize("timeout", [1e9, float("nan"), -1, "soon"])
-async def test_the_model_cannot_outwait_the_host_through_ptenv_session_sh(box, timeout):
-    # The built-in that runs Prime's model shells takes its time limit from its argument, which
-    # here the model writes: the host's own wait still bounds it, and the sandbox stays usable.
+def b64(obj) -> str:
+    return base64.b64encode(json.dumps(obj).encode()).decode()
+
+
+@pytest.mark.parametrize("command", [
+    "ptenv-session result",
+    f"ptenv-session exec {b64({'code': 'result = torch.zeros(2)', 'timeout': 5})}",
+    f"ptenv-session preload {b64({'inputs': '{}', 'timeout': 5})}",
+    f"ptenv-session sh {b64({'command': 'true', 'cwd': '/tmp' + chr(0) + 'x', 'timeout': 5})}",
+    f"ptenv-session sh {b64({'command': 'sleep 100', 'cwd': None, 'timeout': 1e9})}",
+])
+async def test_the_harness_requests_are_out_of_the_models_reach(box, command):
+    # The harness's own requests are typed frames on the host's channel, never parsed out of a
+    # command: a model's command that names them is only a command (and there is no such program).
     await box.cell("result = torch.ones(2)")
-    request = json.dumps({"command": "sleep 100", "cwd": None, "timeout": timeout})
-    reply = await box.sh(f"ptenv-session sh {base64.b64encode(request.encode()).decode()}", timeout=SHORT)
-    assert reply.exit_code in (124, 2), reply  # killed at the host's limit, or a bad argument
+    reply = await box.sh(command, timeout=SHORT)
+    assert reply.exit_code == 127 and "not found" in reply.stderr, reply
     assert (await box.result()).tolist() == [1.0, 1.0]
     await only_the_sandbox_runs(box)
 

@@ -6,9 +6,9 @@ import verifiers as vf
 from datasets import Dataset
 from verifiers.envs.sandbox_env import SandboxEnv
 
-from ptenv.host import rollout
 from ptenv.env.prompt import SYSTEM_PROMPT
-from ptenv.host import transports
+from ptenv.host import rollout, tool_input, transports
+from ptenv.inside.protocol import model_text
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 from ptenv.tasks.tiers import check_num_eval_examples
 from ptenv.env.versions import versions
@@ -38,15 +38,17 @@ class PyTorchEnv(SandboxEnv):
         try:
             await self.transport.wait_ready(sandbox_id)
             inputs = self.tasks[state["info"]["task_id"]].inputs
-            await rollout.preload(self.sandbox_client, sandbox_id, inputs, self.transport.command_timeout)
+            await rollout.preload(self.transport.call, sandbox_id, inputs, self.transport.command_timeout)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
         return state
 
     async def bash(self, command: str, sandbox_id: str, sandbox_state, working_dir: str | None = None) -> str:
         """Execute `command` inside persistent sandbox container."""
+        if error := tool_input.problem("command", command, shell=True):
+            return error
         command, working_dir = self.transport.model_shell(command, working_dir, self.timeout_per_command_seconds)
-        return await super().bash(command, sandbox_id, sandbox_state, working_dir)
+        return model_text(await super().bash(command, sandbox_id, sandbox_state, working_dir))
 
     async def execute_code(self, code: str, sandbox_id: str, sandbox_state) -> str:
         """Run Python code in the persistent session. `torch` is imported, the task's input
@@ -55,8 +57,10 @@ class PyTorchEnv(SandboxEnv):
         Args:
             code: Python source to run.
         """
+        if error := tool_input.problem("code", code, shell=False):
+            return error
         try:
-            return await rollout.run_cell(self.sandbox_client, sandbox_id, code, self.transport.cell_deadline)
+            return await rollout.run_cell(self.transport.call, sandbox_id, code, self.transport.cell_deadline)
         except Exception as e:  # the session did not answer: end the rollout, post_rollout says why
             raise vf.SandboxError(f"execute_code failed: {rollout.one_line(e)}") from e
 
@@ -73,9 +77,7 @@ class PyTorchEnv(SandboxEnv):
             outcome = rollout.harness_failure(f"the rollout failed: {rollout.error_chain(state['error'])}")
         else:
             expected = self.tasks[state["info"]["task_id"]].expected
-            outcome = await rollout.score(
-                self.sandbox_client, state["sandbox_id"], expected, self.transport.command_timeout
-            )
+            outcome = await rollout.score(self.transport.call, state["sandbox_id"], expected, self.transport.command_timeout)
             if outcome.scoring_error is not None:
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
                 state["error"] = vf.SandboxError(outcome.scoring_error)

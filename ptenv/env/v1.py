@@ -39,7 +39,7 @@ def sandboxes() -> tuple[transports.Transport, SandboxRelay]:
     global _sandboxes
     if _sandboxes is None:
         transport = transports.create("local")
-        _sandboxes = (transport, SandboxRelay(transport.client))
+        _sandboxes = (transport, SandboxRelay(transport))
     return _sandboxes
 
 
@@ -99,15 +99,13 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
             trace.state.sandbox_id = sandbox.id  # from here on, the harness cleanup deletes it
             await transport.client.wait_for_creation(sandbox.id)
             await transport.wait_ready(sandbox.id)
-            await rollout.preload(transport.client, sandbox.id, self.row().inputs, transport.command_timeout)
+            await rollout.preload(transport.call, sandbox.id, self.row().inputs, transport.command_timeout)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
 
     async def finalize(self, trace: vf.Trace, runtime) -> None:
         transport, _ = sandboxes()
-        outcome = await rollout.score(
-            transport.client, trace.state.sandbox_id, self.row().expected, transport.command_timeout
-        )
+        outcome = await rollout.score(transport.call, trace.state.sandbox_id, self.row().expected, transport.command_timeout)
         trace.info.update(outcome.as_state())
         if outcome.scoring_error is not None:
             raise vf.SandboxError(outcome.scoring_error)

@@ -2,9 +2,10 @@
 
 verifiers 0.4 serves tools from a separate process, but a local sandbox belongs to the process
 that created it and dies with it. So the eval process keeps owning every sandbox (Task.setup
-creates it, Task.finalize reads `result` back, the harness cleanup deletes it) and relays one call,
-`execute_command`, from the tool server over a unix socket in a directory only its owner can
-enter. Sandbox processes never see that directory. Nothing else crosses: no create, no delete.
+creates it, Task.finalize reads `result` back, the harness cleanup deletes it) and relays the two
+tools' calls, a shell command (`execute_command`) and a cell (the transport's `exec` call), from
+the tool server over a unix socket in a directory only its owner can enter. Sandbox processes
+never see that directory. Nothing else crosses: no create, no preload, no read-back, no delete.
 """
 
 import asyncio
@@ -24,10 +25,10 @@ class RelayError(RuntimeError):
 
 
 class SandboxRelay:
-    """Eval side: serves `client.execute_command` to local processes that can open `path`."""
+    """Eval side: serves a transport's shell commands and cells to local processes that can open `path`."""
 
-    def __init__(self, client):
-        self.client = client
+    def __init__(self, transport):
+        self.transport = transport
         directory = tempfile.mkdtemp(prefix="ptenv-relay-")  # mode 0700
         atexit.register(shutil.rmtree, directory, True)
         self.path = os.path.join(directory, "relay.sock")
@@ -57,7 +58,10 @@ class SandboxRelay:
 
     async def _execute(self, request: dict) -> dict:
         try:
-            response = await self.client.execute_command(
+            if "code" in request:
+                fields = {"code": request["code"]}
+                return {"cell": await self.transport.call(request["sandbox_id"], "exec", fields, request["timeout"])}
+            response = await self.transport.client.execute_command(
                 request["sandbox_id"], request["command"], request["working_dir"], request["timeout"]
             )
         except CommandTimeoutError:
@@ -70,7 +74,8 @@ class SandboxRelay:
 
 
 class RelayClient:
-    """Tool-server side: prime_sandboxes' `execute_command`, answered by the eval process's sandboxes."""
+    """Tool-server side: prime_sandboxes' `execute_command` and a transport's `exec` call, answered by
+    the eval process's sandboxes."""
 
     def __init__(self, path: str):
         self.path = path
@@ -79,6 +84,18 @@ class RelayClient:
         self, sandbox_id: str, command: str, working_dir: str | None = None, timeout: float | None = None
     ) -> CommandResponse:
         request = {"sandbox_id": sandbox_id, "command": command, "working_dir": working_dir, "timeout": timeout}
+        reply = await self._relay(sandbox_id, request, command)
+        return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
+
+    async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
+        """Transport.call for the tool server: cells only."""
+        if op != "exec":
+            raise RelayError(f"the relay serves cells and shell commands, not {op!r}")
+        reply = await self._relay(sandbox_id, {"sandbox_id": sandbox_id, "code": fields["code"], "timeout": timeout}, op)
+        return reply["cell"]
+
+    async def _relay(self, sandbox_id: str, request: dict, what: str) -> dict:
+        timeout = request["timeout"]
         try:
             reader, writer = await asyncio.open_unix_connection(self.path)
         except OSError as e:
@@ -94,12 +111,12 @@ class RelayClient:
             raise RelayError("the sandbox relay closed without answering")
         error = reply.get("error")
         if error == "timeout":
-            raise CommandTimeoutError(sandbox_id, command[:80], timeout)
+            raise CommandTimeoutError(sandbox_id, what[:80], timeout)
         if error == "not_running":
             raise SandboxNotRunningError(sandbox_id, message=reply["message"])
         if error is not None:
             raise RelayError(reply["message"])
-        return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
+        return reply
 
 
 async def write_frame(writer: asyncio.StreamWriter, obj: dict) -> None:

@@ -8,8 +8,9 @@ through the eval process's relay (ptenv.env.v1_relay), which owns the sandboxes.
 import verifiers.v1 as vf
 from prime_sandboxes import CommandTimeoutError
 
-from ptenv.host import rollout
 from ptenv.env.v1_relay import RelayClient
+from ptenv.host import rollout, tool_input
+from ptenv.inside.protocol import model_text
 
 
 class PyTorchState(vf.State):
@@ -41,8 +42,10 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         Args:
             code: Python source to run.
         """
+        if error := tool_input.problem("code", code, shell=False):
+            return error
         try:
-            return await rollout.run_cell(self.sandbox, self._sandbox_id(), code, self.config.cell_deadline)
+            return await rollout.run_cell(self.sandbox.call, self._sandbox_id(), code, self.config.cell_deadline)
         except Exception as e:  # v1 shows the model the error; finalize then finds the sandbox broken
             raise RuntimeError(f"the sandbox did not answer: {rollout.one_line(e)}") from None
 
@@ -53,6 +56,8 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         Args:
             command: the command, run with /bin/sh.
         """
+        if error := tool_input.problem("command", command, shell=True):
+            return error
         timeout = self.config.command_timeout
         try:
             response = await self.sandbox.execute_command(self._sandbox_id(), command, timeout=timeout)
@@ -64,7 +69,7 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         output = response.stdout
         if response.stderr:
             output += f"\nstderr:\n{response.stderr}"
-        return output or "(no output)"
+        return model_text(output) or "(no output)"
 
 
 if __name__ == "__main__":

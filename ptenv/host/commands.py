@@ -1,14 +1,13 @@
-"""Host side of the session commands: `ptenv-session ...` strings to run with execute_command, and
-strict parsers for what they print (one JSON document on stdout).
+"""Host side of the harness's requests to a sandbox's supervisor (Transport.call), and strict
+parsers of the documents they answer with:
 
-    ptenv-session preload <base64 of JSON {name: encoded tensor}>   fresh namespace, inputs loaded
-    ptenv-session exec <base64 of the cell's UTF-8 source>           run one cell
-    ptenv-session result                                              encode `result`
+    preload {"inputs": JSON text of {name: encoded tensor}}   fresh namespace, inputs loaded
+    exec    {"code": the cell's source}                       run one cell
+    result  {}                                                encode `result`
 
 The sandbox is hostile: every reply is checked here and never trusted to be well formed.
 """
 
-import base64
 import json
 import keyword
 from dataclasses import dataclass
@@ -16,15 +15,18 @@ from dataclasses import dataclass
 import torch
 
 from ptenv.inside import codec
-from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, one_line
+from ptenv.inside.protocol import Limits, model_text, one_line
 
 CAP = Limits().output_bytes  # bytes of each stream the supervisor keeps
 
-RESULT_COMMAND = "ptenv-session result"
 STATUSES = ("ok", "error", "timeout", "reset")
 CELL_KEYS = {"status", "stdout", "stderr", "stdout_cut", "stderr_cut", "reset", "limit"}
 MAX_CELL_REPLY = Limits().cell_reply_cap
 RESERVED_NAMES = ("torch", "result")
+
+
+class ProtocolError(RuntimeError):
+    """The sandbox did not answer a request as the protocol says (a harness failure)."""
 
 
 class ReplyError(ValueError):
@@ -51,10 +53,10 @@ class CellReply:
             parts.append("stderr:\n" + self.stderr.rstrip("\n"))
         if self.note:
             parts.append(f"[{self.note}]")
-        return "\n".join(parts) if parts else "(no output)"
+        return model_text("\n".join(parts)) if parts else "(no output)"
 
 
-def preload_command(inputs: dict[str, torch.Tensor]) -> str:
+def preload_fields(inputs: dict[str, torch.Tensor]) -> dict:
     """Start a fresh namespace with these tensors under their names (a preload replaces the namespace)."""
     encoded = {}
     for name, tensor in inputs.items():
@@ -63,18 +65,15 @@ def preload_command(inputs: dict[str, torch.Tensor]) -> str:
         if name in RESERVED_NAMES or name.startswith("__"):
             raise ValueError(f"input name {name!r} is reserved in the cell namespace")
         encoded[name] = codec.encode(tensor)
-    return "ptenv-session preload " + base64.b64encode(json.dumps(encoded).encode()).decode("ascii")
+    return {"inputs": json.dumps(encoded)}
 
 
-def exec_command(code: str) -> str:
-    if not isinstance(code, str):
-        raise TypeError(f"code must be a str, got {type(code).__name__}")
-    return "ptenv-session exec " + base64.b64encode(code.encode()).decode("ascii")
+def exec_fields(code: str) -> dict:
+    return {"code": code}
 
 
-def parse_exec_reply(stdout: str) -> CellReply:
+def parse_exec_reply(doc: dict) -> CellReply:
     """The reply to `exec` (or `preload`) as a CellReply; ReplyError if it is not one."""
-    doc = load_reply(stdout, MAX_CELL_REPLY, "cell", ReplyError)
     if not isinstance(doc, dict) or set(doc) != CELL_KEYS:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise ReplyError(f"cell reply must have keys {sorted(CELL_KEYS)}, got {keys}")
@@ -106,9 +105,8 @@ def cell_note(doc: dict) -> str:
     return " ".join(notes)
 
 
-def parse_result_reply(stdout: str) -> torch.Tensor | None:
+def parse_result_reply(doc: dict) -> torch.Tensor | None:
     """The model's `result` as a plain tensor, None if there is none; ResultError if it is invalid."""
-    doc = load_reply(stdout, MAX_RESULT_REPLY, "result", ResultError)
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing" and set(doc) == {"status"}:
         return None
@@ -119,7 +117,7 @@ def parse_result_reply(stdout: str) -> torch.Tensor | None:
             return codec.decode(doc["result"])
         except codec.CodecError as e:
             raise ResultError(f"result could not be decoded: {e}") from None
-    raise ResultError(f"result reply is malformed: {stdout[:80]!r}")
+    raise ResultError(f"result reply is malformed: {one_line(doc, 80)!r}")
 
 
 def load_reply(stdout: str, cap: int, what: str, error: type[ValueError]):

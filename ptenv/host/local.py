@@ -244,24 +244,40 @@ class LocalSandboxClient:
     async def execute_command(
         self, sandbox_id: str, command: str, working_dir: str | None = None, timeout: float | None = None
     ) -> CommandResponse:
-        """Run `command` with /bin/sh in the sandbox (or serve `ptenv-session ...`, see commands.py).
+        """Run `command` with /bin/sh in the sandbox, as the model: only ever a shell command (the
+        harness's own requests are typed, see `call`).
 
         Raises CommandTimeoutError when a shell command runs past `timeout` (its process group is
         killed), SandboxNotRunningError for an unknown, deleted or broken sandbox."""
-        box = self._live_box(sandbox_id)
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        request = {"command": command, "cwd": working_dir, "timeout": timeout}
-        reply = await self._roundtrip(box, request, timeout + self.limits.grace + HOST_MARGIN)
+        reply = await self._request(sandbox_id, {"op": "sh", "command": command, "cwd": working_dir}, timeout)
         if reply.get("timed_out") is True:
             raise CommandTimeoutError(sandbox_id, one_line(command, 80), timeout)
-        if "error" in reply:  # the supervisor could not serve the command: the harness failed
+        try:
+            return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
+        except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+            box = self._boxes[sandbox_id]
+            self._stop(box, "it sent a malformed reply")
+            raise not_running(box) from None
+
+    async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
+        """The harness's own request `op` (exec, preload, result: see ptenv.inside.supervisor) and
+        its reply document, on a channel the model's commands never reach."""
+        reply = await self._request(sandbox_id, {"op": op, **fields}, timeout)
+        doc = reply.get("result" if op == "result" else "cell")
+        if not isinstance(doc, dict):
+            box = self._boxes[sandbox_id]
+            self._stop(box, "it sent a malformed reply")
+            raise not_running(box)
+        return doc
+
+    async def _request(self, sandbox_id: str, request: dict, timeout: float) -> dict:
+        box = self._live_box(sandbox_id)
+        reply = await self._roundtrip(box, {**request, "timeout": timeout}, timeout + self.limits.grace + HOST_MARGIN)
+        if "error" in reply:  # the supervisor could not serve the request: the harness failed
             self._stop(box, one_line(reply["error"]))
-        else:
-            try:
-                return CommandResponse(stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"])
-            except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
-                self._stop(box, "it sent a malformed reply")
-        raise not_running(box)
+            raise not_running(box)
+        return reply
 
     async def delete(self, sandbox_id: str) -> dict:
         """Kill the sandbox and everything in it. An unknown id counts as already deleted, so a
@@ -318,7 +334,7 @@ class LocalSandboxClient:
                     frame = await recv_frame_async(loop, box.sock)
             except TimeoutError:
                 self._stop(box, f"it did not answer within {wait:g} s")
-                raise CommandTimeoutError(box.id, one_line(request["command"], 80), request["timeout"]) from None
+                raise CommandTimeoutError(box.id, one_line(request.get("command", request["op"]), 80), request["timeout"]) from None
             except (OSError, ValueError) as e:
                 self._stop(box, f"its channel failed ({one_line(e)})")
                 raise not_running(box) from None

@@ -4,8 +4,9 @@ Prime's service. Only where the sandbox lives differs; every step is a prime_san
 The container's start command unpacks ptenv/inside (shipped in an environment variable),
 installs the CPU torch wheel of the host's torch version (so the references reproduce), puts the
 `ptenv-session` client on PATH and starts the supervisor. Setup then waits until the server
-answers; from there on the commands are the ones the local supervisor serves as a built-in, and
-the model's own bash commands go through it too (`model_shell`), to run as the model's uid.
+answers; from there on the harness's requests are `ptenv-session` commands that Prime runs as
+root (`caller`), and the model's own bash commands go through it too (`model_shell`), to run as
+the model's uid.
 """
 
 import asyncio
@@ -18,6 +19,9 @@ import torch
 from prime_sandboxes import CreateSandboxRequest, StartCommand
 
 from ptenv import inside
+from ptenv.host import commands
+from ptenv.host.commands import ProtocolError
+from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, one_line
 
 IMAGE = "python:3.11-slim"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -39,11 +43,28 @@ PYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.main serve {SESSION_SOCKET}
 READY_COMMAND = f"test -S {SESSION_SOCKET}"
 
 
+def session_command(op: str, fields: dict) -> str:
+    """A request to the supervisor as the command that runs ptenv/inside/prime_cli.py as root."""
+    return f"ptenv-session {op} {base64.b64encode(json.dumps(fields).encode()).decode()}"
+
+
 def model_shell(command: str, cwd: str | None, timeout: float) -> tuple[str, None]:
     """The model's bash command as `ptenv-session sh ...`: Prime runs commands as the container's
     root, the supervisor runs this one as the model's uid (supervisor.py, `serve`)."""
-    request = json.dumps({"command": command, "cwd": cwd, "timeout": timeout})
-    return f"ptenv-session sh {base64.b64encode(request.encode()).decode()}", None
+    return session_command("sh", {"command": command, "cwd": cwd, "timeout": timeout}), None
+
+
+def caller(client, limits: Limits):
+    """Transport.call for Prime: the harness's requests as root-run `ptenv-session` commands."""
+
+    async def call(sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
+        reply = await client.execute_command(sandbox_id, session_command(op, {**fields, "timeout": timeout}), timeout=timeout)
+        if reply.exit_code != 0:
+            raise ProtocolError(f"`ptenv-session {op}` exited with {reply.exit_code}: {one_line(reply.stderr)}")
+        cap = MAX_RESULT_REPLY if op == "result" else limits.cell_reply_cap
+        return commands.load_reply(reply.stdout, cap, op, ProtocolError)
+
+    return call
 
 
 def torch_version() -> str:

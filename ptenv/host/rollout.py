@@ -1,5 +1,6 @@
-"""Host side of one rollout over any prime_sandboxes-like client: preload the inputs,
-run a cell, read `result` back and grade it. Both transports and both verifiers adapters use it.
+"""Host side of one rollout, over a transport's `call` (ptenv.host.transports): preload the
+inputs, run a cell, read `result` back and grade it. Both transports and both verifiers adapters
+use it.
 
 The split that matters to a researcher: a wrong, missing or invalid answer is the model's (0.0,
 no scoring_error); a sandbox that does not answer as the protocol says is the harness's
@@ -12,11 +13,7 @@ import torch
 
 from ptenv.grader import Verdict, grade
 from ptenv.host import commands
-from ptenv.host.commands import one_line
-
-
-class ProtocolError(RuntimeError):
-    """The sandbox did not answer a session command as the protocol says (a harness failure)."""
+from ptenv.host.commands import ProtocolError, one_line
 
 
 @dataclass(frozen=True)
@@ -28,35 +25,25 @@ class Outcome:
         return {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
 
 
-async def _session_command(client, sandbox_id: str, command: str, timeout: float) -> str:
-    reply = await client.execute_command(sandbox_id, command, timeout=timeout)
-    if reply.exit_code != 0:
-        op = command.split()[1]
-        raise ProtocolError(f"`ptenv-session {op}` exited with {reply.exit_code}: {one_line(reply.stderr)}")
-    return reply.stdout
-
-
-async def preload(client, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float) -> None:
-    stdout = await _session_command(client, sandbox_id, commands.preload_command(inputs), timeout)
-    reply = commands.parse_exec_reply(stdout)
+async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float) -> None:
+    reply = commands.parse_exec_reply(await call(sandbox_id, "preload", commands.preload_fields(inputs), timeout))
     if reply.status != "ok":
         raise ProtocolError(f"preloading the inputs failed: {one_line(reply.stderr)}")
 
 
-async def run_cell(client, sandbox_id: str, code: str, timeout: float) -> str:
+async def run_cell(call, sandbox_id: str, code: str, timeout: float) -> str:
     """The tool's answer to the model: output, traceback and any notice (stopped, reset, cut)."""
-    stdout = await _session_command(client, sandbox_id, commands.exec_command(code), timeout)
-    return commands.parse_exec_reply(stdout).text()
+    return commands.parse_exec_reply(await call(sandbox_id, "exec", commands.exec_fields(code), timeout)).text()
 
 
-async def score(client, sandbox_id: str, expected: torch.Tensor, timeout: float) -> Outcome:
+async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -> Outcome:
     """Read `result` back and grade it on the host. Never raises."""
     try:
-        stdout = await _session_command(client, sandbox_id, commands.RESULT_COMMAND, timeout)
+        doc = await call(sandbox_id, "result", {}, timeout)
     except Exception as e:
         return harness_failure(f"reading result back failed: {type(e).__name__}: {one_line(e)}")
     try:
-        answer = commands.parse_result_reply(stdout)
+        answer = commands.parse_result_reply(doc)
     except commands.ResultError as e:  # the model's own doing: it controls the session's process
         return Outcome(Verdict(0.0, True, False, False, False, str(e)), None)
     except Exception as e:

@@ -26,6 +26,9 @@ class Transport:
     # The model's bash command, working dir and timeout -> the command and working dir to execute,
     # so that it runs as the model (the local supervisor runs every shell that way already).
     model_shell: Callable[[str, str | None, float], tuple[str, str | None]]
+    # The harness's own requests (exec, preload, result): (sandbox id, op, fields, timeout) -> the
+    # reply document. A channel of its own: nothing the model's bash sends can reach it.
+    call: Callable[[str, str, dict, float], Awaitable[dict]]
     command_timeout: int = COMMAND_TIMEOUT
     cell_deadline: int = CELL_TIMEOUT + CELL_MARGIN
 
@@ -44,6 +47,7 @@ def local() -> Transport:
         wait_ready=supervisor_is_built_in,
         delete_all=client.bulk_delete,
         model_shell=lambda command, cwd, timeout: (command, cwd),
+        call=client.call,
     )
 
 
@@ -61,6 +65,7 @@ def prime() -> Transport:
         wait_ready=lambda sandbox_id: prime.wait_for_supervisor(client, sandbox_id),
         delete_all=prime.delete_all,
         model_shell=prime.model_shell,
+        call=prime.caller(client, Limits(cell_timeout=CELL_TIMEOUT)),
     )
 
 

@@ -1,20 +1,35 @@
-"""`ptenv-session` where the sandbox is remote (Prime): sends one built-in command to the supervisor
-over its unix socket and prints the reply, exactly as the local supervisor's built-in does.
-Imports no torch, so a command costs an interpreter start and a round trip."""
+"""`ptenv-session` in a Prime container. There the host reaches a sandbox only by running commands
+(as root), so this CLI turns one into a typed request on the supervisor's unix socket, which only
+root may open, and prints the reply: the model's own commands run as the model's uid and cannot.
+Imports no torch, so a request costs an interpreter start and a round trip.
 
+    ptenv-session exec|preload|result|sh <base64 of the request's JSON fields, timeout included>
+
+exec, preload and result print the reply's document as JSON; sh answers as the shell did.
+"""
+
+import base64
+import binascii
 import json
 import os
-import shlex
 import socket
 import sys
 
 from ptenv.inside.protocol import recv_frame, send_frame
 
 SOCKET = os.environ.get("PTENV_SESSION_SOCKET", "/run/ptenv.sock")
+OPS = ("exec", "preload", "result", "sh")
 
 
 def main(args: list[str]) -> int:
-    request = {"command": shlex.join(["ptenv-session", *args]), "cwd": None, "timeout": 3600}
+    try:
+        if len(args) != 2 or args[0] not in OPS:
+            raise ValueError(f"usage: ptenv-session {'|'.join(OPS)} <base64 JSON>")
+        fields = json.loads(base64.b64decode(args[1], validate=True))
+        request = {"id": 0, "op": args[0], **fields}
+    except (ValueError, binascii.Error, TypeError) as e:
+        print(f"ptenv-session: {e}", file=sys.stderr)
+        return 2
     with socket.socket(socket.AF_UNIX) as sock:
         try:
             sock.connect(SOCKET)
@@ -27,6 +42,15 @@ def main(args: list[str]) -> int:
         print("ptenv-session: the supervisor closed the connection", file=sys.stderr)
         return 112
     reply = json.loads(frame)
+    if "error" in reply:
+        print(f"ptenv-session: {reply['error']}", file=sys.stderr)
+        return 70
+    if request["op"] != "sh":
+        print(json.dumps(reply["result" if request["op"] == "result" else "cell"]))
+        return 0
+    if reply.get("timed_out"):
+        sys.stderr.write(f"[killed: the command ran past its {request['timeout']:g} s limit]\n")
+        return 124
     sys.stdout.write(reply["stdout"])
     sys.stderr.write(reply["stderr"])
     return reply["exit_code"]

@@ -55,6 +55,13 @@ def send_frame(sock: socket.socket, payload: bytes) -> None:
     sock.sendall(FRAME.pack(len(payload)) + payload)
 
 
+def send_pieces(sock: socket.socket, pieces: list) -> None:
+    """One frame made of several buffers, sent without joining them (a tensor's bytes stay where they are)."""
+    sock.sendall(FRAME.pack(sum(len(p) for p in pieces)))
+    for piece in pieces:
+        sock.sendall(piece)
+
+
 def recv_frame(sock: socket.socket, cap: int = MAX_FRAME, deadline: float | None = None) -> bytearray | None:
     """One frame, or None at end of stream. FrameError if it is over `cap`; TimeoutError if the
     whole frame has not arrived by `deadline` (time.monotonic())."""
@@ -111,6 +118,12 @@ def cut_middle(text: str, limit: int) -> str:
         return text
     half = (limit - 48) // 2  # room for the notice: the result is never longer than `limit`
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
+def model_text(text: str) -> str:
+    """Text that can go to the model: a lone surrogate (from undecodable bytes, or the model's own
+    escapes) would make the next request to the model unencodable, so it is shown escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def one_line(text: object, limit: int = 300) -> str:

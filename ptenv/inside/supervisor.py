@@ -10,8 +10,6 @@ slow, silent or dead) is the model's answer and becomes a well-formed reply; onl
 the supervisor itself reaches the host as an error.
 """
 
-import base64
-import binascii
 import json
 import os
 import re
@@ -26,13 +24,16 @@ from ptenv.inside import cgroups
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
 from ptenv.inside.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
-from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, cut_middle, one_line, recv_frame, send_frame
+from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, cut_middle, model_text, one_line, recv_frame, send_frame, send_pieces
 from ptenv.inside.interpreter import Interpreter
 
 MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
 INTERPRETER_BROKEN = 70
 CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
-BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+DATA_KEY = b'"data": "'
+SKELETON_CAP = 64 * 1024  # a result reply without its tensor bytes: dtype, shape, status, reason
+MAX_CONTAINERS = 256  # JSON arrays and objects in that skeleton: a tensor's shape has at most 64
 
 
 def describe(status: int) -> str:
@@ -97,13 +98,9 @@ def live_pids() -> list[int]:
     return pids
 
 
-def dumps(doc: dict) -> str:
-    return json.dumps(doc, ensure_ascii=False)  # escaping stays bounded: see Limits.cell_reply_cap
-
-
-def cell_doc(status, out: Capture, err: Capture, tb: str, reset, limit) -> str:
-    """The JSON document a cell (or a preload) answers with; `reset` says why variables were lost."""
-    return dumps({
+def cell_doc(status, out: Capture, err: Capture, tb: str, reset, limit) -> dict:
+    """What a cell (or a preload) answers with; `reset` says why variables were lost."""
+    return {
         "status": status,
         "stdout": out.text(),
         "stderr": err.text() + tb,
@@ -111,47 +108,65 @@ def cell_doc(status, out: Capture, err: Capture, tb: str, reset, limit) -> str:
         "stderr_cut": err.cut,
         "reset": reset,
         "limit": limit,
-    })
+    }
+
+
+def bounded_loads(data):
+    """JSON from the model's process, parsed only when its nesting cannot cost memory out of
+    proportion to its size (a reply of `[[[[]]]],...` would); None when it is not such JSON."""
+    if data.count(b"[") + data.count(b"{") > MAX_CONTAINERS:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError, MemoryError):
+        return None
 
 
 def cell_status(frame, tb_cap: int) -> tuple[str | None, str]:
     """(status, traceback) from the interpreter's reply to a cell; (None, "") if it is not one."""
-    try:
-        reply = json.loads(frame)
-        status, tb = reply["status"], reply["traceback"]
-    except (TypeError, ValueError, KeyError, RecursionError):
+    reply = bounded_loads(frame) if frame is not None else None
+    if not isinstance(reply, dict):
         return None, ""
+    status, tb = reply.get("status"), reply.get("traceback")
     if status not in ("ok", "error", "timeout") or not isinstance(tb, str):
         return None, ""
-    return status, cut_middle(tb, tb_cap)
+    return status, cut_middle(model_text(tb), tb_cap)
 
 
-def result_doc(frame) -> dict:
+def result_doc(frame: bytearray) -> tuple[dict, memoryview]:
     """The interpreter's reply to `result`, rebuilt from its parts: well formed and bounded whatever
-    the model sent. The host still decodes the tensor strictly."""
-    try:
-        doc = json.loads(frame)
-    except (ValueError, RecursionError):
-        return invalid("the interpreter's reply to `result` is not JSON")
+    the model sent, and the tensor's base64 bytes as a view into `frame` (never copied: a valid
+    read-back costs the frame and little more). The host still decodes the tensor strictly."""
+    start = frame.rfind(DATA_KEY) + len(DATA_KEY)  # base64 holds no quote: the last key is the data
+    end = frame.find(b'"', start) if start >= len(DATA_KEY) else -1
+    data = memoryview(frame)[start:end] if end >= 0 else memoryview(b"")
+    skeleton = frame[:start] + frame[end:] if end >= 0 and len(frame) - len(data) <= SKELETON_CAP else None
+    if skeleton is None and len(frame) <= SKELETON_CAP:
+        skeleton, data = frame, memoryview(b"")
+    doc = bounded_loads(skeleton) if skeleton is not None else None
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing":
-        return {"status": "missing"}
+        return {"status": "missing"}, memoryview(b"")
     if status == "invalid" and isinstance(doc.get("reason"), str):
-        return invalid(doc["reason"])
+        return invalid(doc["reason"]), memoryview(b"")
     tensor = doc.get("result") if status == "ok" else None
     if (
         isinstance(tensor, dict) and set(tensor) == {"dtype", "shape", "data"}
         and isinstance(tensor["dtype"], str) and len(tensor["dtype"]) <= 32
         and isinstance(tensor["shape"], list) and len(tensor["shape"]) <= 64
         and all(type(n) is int for n in tensor["shape"])
-        and isinstance(tensor["data"], str) and BASE64.fullmatch(tensor["data"])
+        and tensor["data"] == "" and BASE64.fullmatch(data)
     ):
-        return {"status": "ok", "result": tensor}
-    return invalid("the interpreter's reply to `result` is malformed")
+        return {"status": "ok", "result": tensor}, data
+    return invalid("the interpreter's reply to `result` is malformed"), memoryview(b"")
 
 
 def invalid(reason: str) -> dict:
-    return {"status": "invalid", "reason": one_line(reason, 200)}
+    return {"status": "invalid", "reason": model_text(one_line(reason, 200))}
+
+
+# Each request's fields besides id, op and timeout.
+REQUESTS = {"sh": ("command", "cwd"), "exec": ("code",), "preload": ("inputs",), "result": ()}
 
 
 class Supervisor:
@@ -180,45 +195,45 @@ class Supervisor:
             frame = recv_frame(self.channel)
             if frame is None:
                 return  # the host closed the sandbox: exiting as PID 1 kills everything in it
-            send_frame(self.channel, self.answer(frame))
+            send_pieces(self.channel, self.answer(frame))
 
-    def answer(self, frame: bytes) -> bytes:
+    def answer(self, frame: bytes) -> list:
+        """The reply to one host request, as pieces of one frame (a tensor's bytes are not copied).
+
+        Requests are typed (REQUESTS); none is parsed out of a command string, so a model's shell
+        command is only ever a shell command. Where the harness ends and the model begins: every
+        exception from handling model data is caught where it happens and becomes the model's
+        answer (a shell's error, a cell's traceback, an invalid result); one that reaches here is a
+        failure of the supervisor's own machinery, and the host sees it as a harness error."""
         request = json.loads(frame)
         try:
-            reply = self.handle(request["command"], request["cwd"], request["timeout"])
+            op, timeout = request["op"], float(request["timeout"])
+            if op not in REQUESTS or set(request) != {"id", "op", "timeout", *REQUESTS[op]}:
+                raise ValueError(f"malformed request: op {op!r} with fields {sorted(request)}")
+            pieces = self.handle(op, request, timeout)
             if self.owns_pid_namespace:
                 self.sweep()
         except Exception as e:  # a bug here must reach the host as an error, not as silence
             reply = {"error": f"the sandbox supervisor failed: {type(e).__name__}: {e}"}
-        return json.dumps({**reply, "id": request.get("id")}).encode()
+            pieces = [json.dumps(reply).encode()]
+        # The id goes first, before the reply's own opening brace: '{"id": 3, ' + '"op": ...}'.
+        head = json.dumps({"id": request.get("id")}).encode()[:-1] + b", "
+        return [head, pieces[0][1:], *pieces[1:]]
 
-    def handle(self, command: str, cwd: str | None, timeout: float) -> dict:
-        words = command.split()
-        # `ptenv-session ...` is served here instead of by a shell: it keeps an empty cell to a
-        # few ms. The same commands go through a real client script where the sandbox is remote.
-        if words and words[0] == "ptenv-session":
-            return self.builtin(words[1:], timeout)
-        return self.shell(command, cwd or SCRATCH, timeout)
-
-    def builtin(self, args: list[str], timeout: float) -> dict:
-        """Serve `ptenv-session ...`; its stdout is one JSON document that the host parses (`sh`
-        answers as a shell). Nothing here runs past `timeout`, the host's wait for the command."""
+    def handle(self, op: str, request: dict, timeout: float) -> list:
+        """Nothing here runs past `timeout`, the host's wait for the request."""
         limit = min(timeout, self.limits.cell_timeout)
-        try:
-            if args == ["result"]:
-                doc = self.read_result(limit)
-            elif args[:1] == ["exec"] and len(args) <= 2:  # an empty cell encodes to nothing
-                doc = self.exec_cell(base64.b64decode("".join(args[1:]), validate=True).decode(), limit)
-            elif len(args) == 2 and args[0] == "preload":
-                doc = self.preload(base64.b64decode(args[1], validate=True).decode(), limit)
-            elif len(args) == 2 and args[0] == "sh":
-                return self.model_shell(json.loads(base64.b64decode(args[1], validate=True)), timeout)
-            else:
-                usage = "usage: ptenv-session exec <base64 code> | preload <base64 json> | result | sh <base64 json>"
-                return {"stdout": "", "stderr": usage, "exit_code": 2}
-        except (binascii.Error, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-            return {"stdout": "", "stderr": f"ptenv-session: bad argument: {e}", "exit_code": 2}
-        return {"stdout": doc, "stderr": "", "exit_code": 0}
+        if op == "sh":
+            return [json.dumps(self.shell(request["command"], request["cwd"] or SCRATCH, timeout)).encode()]
+        if op == "exec":
+            return [json.dumps({"cell": self.exec_cell(request["code"], limit)}).encode()]
+        if op == "preload":
+            return [json.dumps({"cell": self.preload(request["inputs"], limit)}).encode()]
+        doc, data = self.read_result(limit)
+        if not data:
+            return [json.dumps({"result": doc}).encode()]
+        head, tail = json.dumps({"result": doc}).encode().split(b'"data": ""')
+        return [head + DATA_KEY, data, b'"' + tail]
 
     # -- the interpreter
 
@@ -265,17 +280,21 @@ class Supervisor:
     def restart_interpreter(self) -> None:
         """Kill everything in the sandbox but us, then fork a fresh interpreter with the inputs."""
         s = self.interpreter
+        target = -1 if self.owns_pid_namespace else -s["pid"]
+        deadline = time.monotonic() + self.limits.grace
         for _ in range(100):  # a fork bomb may need a few rounds
             try:
                 # The interpreter leads its own process group; as PID 1 we may kill everything else.
-                os.kill(-1 if self.owns_pid_namespace else -s["pid"], signal.SIGKILL)
+                os.kill(target, signal.SIGKILL)
             except ProcessLookupError:
                 break
-            while True:
+            while time.monotonic() < deadline:  # every wait has a bound: a D-state child is reaped later
                 try:
-                    os.waitpid(-1 if self.owns_pid_namespace else -s["pid"], 0)
+                    pid, _ = os.waitpid(target, os.WNOHANG)
                 except ChildProcessError:
                     break
+                if pid == 0:
+                    time.sleep(0.01)
         s["control"].close()
         for fd in (s["out"], s["err"], s["pidfd"]):
             os.close(fd)
@@ -366,7 +385,7 @@ class Supervisor:
         for fd, sink in zip((self.interpreter["out"], self.interpreter["err"]), capture):
             read_available(fd, sink)
 
-    def exec_cell(self, code: str, limit: float) -> str:
+    def exec_cell(self, code: str, limit: float) -> dict:
         reset = self.interpreter_death()  # it may have died between cells (e.g. the CPU limit)
         if reset:
             self.restart_interpreter()
@@ -384,7 +403,7 @@ class Supervisor:
             self.restart_interpreter()
         return cell_doc(status, out, err, tb, reset, limit)
 
-    def preload(self, inputs: str, limit: float) -> str:
+    def preload(self, inputs: str, limit: float) -> dict:
         if self.interpreter_death():
             self.restart_interpreter()
         cap = self.limits.output_bytes
@@ -397,26 +416,17 @@ class Supervisor:
             self.inputs = inputs
         return cell_doc("error" if error else "ok", Capture(cap), Capture(cap), error[:cap], None, limit)
 
-    def read_result(self, limit: float) -> str:
+    def read_result(self, limit: float) -> tuple[dict, memoryview]:
         if self.interpreter_death():
             self.restart_interpreter()
-            return dumps({"status": "missing"})
+            return {"status": "missing"}, memoryview(b"")
         frame, failure = self.ask_interpreter({"op": "result"}, limit, MAX_RESULT_REPLY, None)
         if frame is None:
             self.restart_interpreter()
-            return dumps(invalid(f"reading result failed: the interpreter {failure or 'ran past the time limit'}"))
-        return dumps(result_doc(frame))
+            return invalid(f"reading result failed: the interpreter {failure or 'ran past the time limit'}"), memoryview(b"")
+        return result_doc(frame)
 
     # -- shell commands
-
-    def model_shell(self, request: dict, host_timeout: float) -> dict:
-        """`ptenv-session sh`: where the host's commands run with more rights than the model (in a
-        Prime container, as root), the model's shell commands come through here, to run as the model."""
-        timeout = min(host_timeout, max(0.0, float(request["timeout"])))  # the request may be the model's
-        reply = self.shell(str(request["command"]), str(request["cwd"] or SCRATCH), timeout)
-        if reply.get("timed_out"):
-            return {"stdout": "", "stderr": f"[killed: the command ran past its {timeout:g} s limit]\n", "exit_code": 124}
-        return reply
 
     def shell(self, command: str, cwd: str, timeout: float) -> dict:
         out, err = Capture(self.limits.output_bytes), Capture(self.limits.output_bytes)
@@ -427,6 +437,8 @@ class Supervisor:
             )
         except OSError as e:
             return {"stdout": "", "stderr": f"sh: cannot start /bin/sh: {e.strerror}\n", "exit_code": 2}
+        except (ValueError, subprocess.SubprocessError) as e:  # a NUL byte or a lone surrogate: the model's text
+            return {"stdout": "", "stderr": f"sh: cannot run this command: {model_text(one_line(e, 200))}\n", "exit_code": 2}
         pidfd = os.pidfd_open(process.pid)
         streams = {process.stdout.fileno(): out, process.stderr.fileno(): err}
         for fd in streams:
@@ -445,12 +457,16 @@ class Supervisor:
                 break
         timed_out = pidfd not in ready and not over_memory
         if over_memory:
-            self.kill_group(process.pid)
             err.feed(f"\n[killed: the sandbox used more than its {self.limits.memory_mb} MiB of memory]\n".encode())
-        if timed_out:
-            self.kill_group(process.pid)
+        if timed_out or over_memory:
+            self.kill_command(process.pid, pidfd)
         # The command is over when the shell exits; a background job may keep the pipes open.
-        status = process.wait()
+        # SIGKILL reaches the shell through its pidfd wherever it moved, so this wait is short; it
+        # is bounded all the same, and a shell still there after it is reaped later (reap()).
+        try:
+            status = process.wait(self.limits.grace)
+        except subprocess.TimeoutExpired:
+            status, timed_out = None, True
         process.stdout.close()
         process.stderr.close()
         os.close(pidfd)
@@ -473,7 +489,11 @@ class Supervisor:
             signal.signal(sig, signal.SIG_DFL)
 
     @staticmethod
-    def kill_group(pid: int) -> None:
+    def kill_command(pid: int, pidfd: int) -> None:
+        """Kill a shell command's processes: the shell itself through its pidfd (wherever it moved),
+        and its process group. Where the sandbox's PID namespace is ours, the sweep after every
+        request then kills what left the group."""
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -521,4 +541,4 @@ def serve(socket_path: str, limits: Limits) -> None:
         with conn:
             frame = recv_frame(conn)
             if frame is not None:
-                send_frame(conn, supervisor.answer(frame))
+                send_pieces(conn, supervisor.answer(frame))

@@ -332,7 +332,7 @@ def trickle_the_reply(t: HostileTask) -> str:
     return (
         "import json, os, struct, sys, time\n"
         "frame = sys._getframe()\n"
-        "while type(frame.f_locals.get('self')).__name__ != 'Session':\n"
+        "while type(frame.f_locals.get('self')).__name__ != 'Interpreter':\n"
         "    frame = frame.f_back\n"
         "channel = frame.f_locals['self'].control.fileno()\n"
         "def trickle(o):\n"

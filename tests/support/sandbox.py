@@ -6,7 +6,7 @@ import pytest
 from prime_sandboxes import CreateSandboxRequest
 
 from tests.support.proctree import sandbox_processes, supervisor_of
-from ptenv.host.commands import RESULT_COMMAND, exec_command, parse_exec_reply, parse_result_reply
+from ptenv.host.commands import exec_fields, parse_exec_reply, parse_result_reply
 from tests.support.policy_server import serve_in_thread
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
@@ -14,6 +14,7 @@ from ptenv.inside.protocol import Limits
 REQUEST = CreateSandboxRequest(name="test", docker_image="local")
 CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
 SHORT = 2.0
+WAIT = 300.0  # a request's own bound when the test sets none: the cell time limit applies first
 MEMORY_MB = 512
 
 
@@ -35,15 +36,13 @@ class Box:
 
     async def cell(self, code: str, timeout: float | None = None):
         """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
-        response = await self.client.execute_command(self.id, exec_command(code), timeout=timeout)
-        assert response.exit_code == 0, response
-        return parse_exec_reply(response.stdout)
+        return parse_exec_reply(await self.client.call(self.id, "exec", exec_fields(code), timeout or WAIT))
 
     async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
         return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
 
     async def result(self):
-        return parse_result_reply((await self.client.execute_command(self.id, RESULT_COMMAND)).stdout)
+        return parse_result_reply(await self.client.call(self.id, "result", {}, WAIT))
 
     def processes(self) -> list[int]:
         """Its supervisor's and the model's processes, as host pids (the supervisor first)."""
