@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.
 from ptenv.host import rollout
 from tests.support import proctree
 from ptenv.host import transports
-from ptenv.host.commands import RESULT_COMMAND
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
 
@@ -76,6 +75,9 @@ class NaiveClient:
     async def execute_command(self, sandbox_id: str, command: str, **kwargs):
         return await self.clients[sandbox_id].execute_command(sandbox_id, command, **kwargs)
 
+    async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
+        return await self.clients[sandbox_id].call(sandbox_id, op, fields, timeout)
+
     async def delete(self, sandbox_id: str) -> dict:
         client = self.clients.pop(sandbox_id, None)
         if client is not None:
@@ -94,7 +96,7 @@ class NaiveClient:
 
 def naive() -> transports.Transport:
     client = NaiveClient(Limits(cell_timeout=transports.CELL_TIMEOUT))
-    return dataclasses.replace(transports.local(), client=client, delete_all=client.bulk_delete)
+    return dataclasses.replace(transports.local(), client=client, delete_all=client.bulk_delete, call=client.call)
 
 
 transports.TRANSPORTS["naive"] = naive  # load_environment(sandbox="naive") builds the same env on it
@@ -106,8 +108,9 @@ RECORD: contextvars.ContextVar[dict] = contextvars.ContextVar("record")
 
 
 class Timed:
-    """Wraps the env's sandbox client and times each call by phase, per rollout (a rollout's calls
-    all run in its own asyncio task, so the record started at create follows them)."""
+    """Wraps the env's sandbox client and its transport's `call` and times each by phase, per
+    rollout (a rollout's calls all run in its own asyncio task, so the record started at create
+    follows them)."""
 
     def __init__(self, client):
         self.client = client
@@ -128,7 +131,14 @@ class Timed:
         try:
             return await self.client.execute_command(sandbox_id, command, **kwargs)
         finally:
-            self.records[sandbox_id][phase_of(command)] += time.perf_counter() - start
+            self.records[sandbox_id]["bash"] += time.perf_counter() - start
+
+    async def call(self, sandbox_id, op, fields, timeout):
+        start = time.perf_counter()
+        try:
+            return await self.client.call(sandbox_id, op, fields, timeout)
+        finally:
+            self.records[sandbox_id][PHASE_OF_OP[op]] += time.perf_counter() - start
 
     async def delete(self, sandbox_id):
         start = time.perf_counter()
@@ -138,17 +148,12 @@ class Timed:
             self.records[sandbox_id]["delete"] += time.perf_counter() - start
 
 
-def phase_of(command: str) -> str:
-    if command == RESULT_COMMAND:
-        return "read-back"
-    if command.startswith("ptenv-session preload"):
-        return "preload"
-    return "cell" if command.startswith("ptenv-session exec") else "bash"
+PHASE_OF_OP = {"preload": "preload", "exec": "cell", "result": "read-back"}
 
 
 def time_grading() -> None:
-    """Time session.grade (looked up at call time by rollout.score) into the current rollout's record."""
-    grade = session.grade
+    """Time rollout.grade (looked up at call time by rollout.score) into the current rollout's record."""
+    grade = rollout.grade
 
     def timed(answer, expected):
         start = time.perf_counter()
@@ -157,7 +162,7 @@ def time_grading() -> None:
         finally:
             RECORD.get()["grading"] += time.perf_counter() - start
 
-    session.grade = timed
+    rollout.grade = timed
 
 
 # ---- runs
@@ -273,6 +278,7 @@ async def main(quick: bool, profile: bool) -> None:
         for name in ("local", "naive"):
             env = pytorch_env.load_environment(sandbox=name)
             env.sandbox_client = timed = Timed(env.sandbox_client)
+            env.transport = dataclasses.replace(env.transport, call=timed.call)
             await run(env, url, 2, 2)  # warm up: the fork server starts, torch's files are in the page cache
             rates[name] = {}
             for concurrency in CONCURRENCY:

@@ -34,10 +34,11 @@ from prime_sandboxes import CreateSandboxRequest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
 
 from tests.support import proctree
-from ptenv.host.commands import exec_command, parse_exec_reply
+from ptenv.host.commands import exec_fields, parse_exec_reply
 from ptenv.host.local import LocalSandboxClient, sandbox_command
 
 REQUEST = CreateSandboxRequest(name="bench", docker_image="local")
+WAIT = 60.0  # a request's bound; the sandbox's cell time limit applies first
 BASELINE_CODE = (
     "import torch\n"
     "from ptenv.inside.namespace import new_namespace\n"
@@ -56,7 +57,7 @@ def ms(values: list[float]) -> str:
 
 
 async def empty_cell(client: LocalSandboxClient, sandbox_id: str) -> None:
-    reply = parse_exec_reply((await client.execute_command(sandbox_id, exec_command(""))).stdout)
+    reply = parse_exec_reply(await client.call(sandbox_id, "exec", exec_fields(""), WAIT))
     assert reply.status == "ok", reply
 
 
@@ -117,10 +118,10 @@ async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int
 async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float, list[float]]:
     start = time.perf_counter()
     sandboxes = await asyncio.gather(*(client.create(REQUEST) for _ in range(n)))
-    code = exec_command("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
+    code = exec_fields("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
 
     async def answer(sandbox_id: str) -> bool:
-        reply = parse_exec_reply((await client.execute_command(sandbox_id, code)).stdout)
+        reply = parse_exec_reply(await client.call(sandbox_id, "exec", code, WAIT))
         return reply.status == "ok" and reply.stdout == "True\n"
 
     results = await asyncio.gather(*(answer(s.id) for s in sandboxes), return_exceptions=True)
@@ -134,19 +135,19 @@ async def optimiser_step(client: LocalSandboxClient) -> float:
     sandbox = await client.create(REQUEST)
     code = "m = torch.nn.Linear(8, 1)\nopt = torch.optim.Adam(m.parameters())\nm(torch.ones(8)).sum().backward()\nopt.step()"
     start = time.perf_counter()
-    reply = parse_exec_reply((await client.execute_command(sandbox.id, exec_command(code))).stdout)
+    reply = parse_exec_reply(await client.call(sandbox.id, "exec", exec_fields(code), WAIT))
     elapsed = time.perf_counter() - start
     assert reply.status == "ok", reply
     await client.delete(sandbox.id)
     return elapsed
 
 
-CPU_WORK = exec_command(
+CPU_WORK = exec_fields(
     "import time\nstart = time.perf_counter()\nx = 0\nfor i in range(5_000_000):\n    x += i\n"
     "print(time.perf_counter() - start)"
 )
 # Matrix products release the GIL: 8 threads keep 8 CPUs busy (a pure-Python spin would keep one).
-BUSY_THREADS = exec_command(
+BUSY_THREADS = exec_fields(
     "import threading\ndef spin():\n    x = torch.randn(256, 256)\n    while True:\n        x @ x\n"
     "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
 )
@@ -157,12 +158,12 @@ async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
     probe = await client.create(REQUEST)
 
     async def timings() -> float:
-        replies = [parse_exec_reply((await client.execute_command(probe.id, CPU_WORK)).stdout) for _ in range(n)]
+        replies = [parse_exec_reply(await client.call(probe.id, "exec", CPU_WORK, WAIT)) for _ in range(n)]
         return statistics.median(float(r.stdout) for r in replies)
 
     alone = await timings()
     neighbour = await client.create(REQUEST)
-    reply = parse_exec_reply((await client.execute_command(neighbour.id, BUSY_THREADS)).stdout)
+    reply = parse_exec_reply(await client.call(neighbour.id, "exec", BUSY_THREADS, WAIT))
     assert reply.status == "ok", reply
     loaded = await timings()
     await client.bulk_delete([probe.id, neighbour.id])

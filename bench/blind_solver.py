@@ -61,9 +61,9 @@ async def run(task: dict, code: str, grade: bool):
     client = LocalSandboxClient()
     try:
         sandbox = await client.create(REQUEST)
-        await rollout.preload(client, sandbox.id, row.inputs, TIMEOUT)
-        reply = await rollout.run_cell(client, sandbox.id, code, TIMEOUT)
-        outcome = await rollout.score(client, sandbox.id, row.expected, TIMEOUT) if grade else None
+        await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT)
+        reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT)
+        outcome = await rollout.score(client.call, sandbox.id, row.expected, TIMEOUT) if grade else None
     finally:
         client.teardown()
     return reply, outcome

@@ -5,7 +5,8 @@
 
 Each design is measured in its own process (PYTHONPATH points at its checkout), in alternating
 rounds so that the machine's noise falls on both alike:
-- ready p50: create -> first empty cell answered, with the pool refilled between sandboxes;
+- ready p50: create -> first shell command (`true`) answered, with the pool refilled between
+  sandboxes (a shell command is what every design since the first answers alike);
 - rollout p50: one whole rollout through Environment.evaluate at concurrency 1 with the scripted
   `reference` policy on 127.0.0.1 (two model calls, preload, one cell, read-back, grading, delete):
   the environment's cost per rollout plus two local HTTP round trips.
@@ -28,8 +29,10 @@ ROUNDS = 3
 async def ready_p50(n: int) -> float:
     from prime_sandboxes import CreateSandboxRequest
 
-    from ptenv.host.commands import exec_command
-    from ptenv.host.local import LocalSandboxClient
+    try:
+        from ptenv.host.local import LocalSandboxClient
+    except ImportError:  # a design before the layout by side of the trust boundary (0.2.0)
+        from ptenv.sandbox.local import LocalSandboxClient
 
     client = LocalSandboxClient()
     request = CreateSandboxRequest(name="bench", docker_image="local")
@@ -38,7 +41,7 @@ async def ready_p50(n: int) -> float:
         await asyncio.sleep(0.1)  # the pool refills in the background
         start = time.perf_counter()
         sandbox = await client.create(request)
-        await client.execute_command(sandbox.id, exec_command(""))
+        await client.execute_command(sandbox.id, "true")
         if i:  # the first one starts the fork server
             times.append(time.perf_counter() - start)
         await client.delete(sandbox.id)
@@ -50,7 +53,10 @@ async def rollout_p50(n: int) -> float:
     import verifiers as vf
 
     import pytorch_env
-    from tests.support.policy_server import serve_in_thread
+    try:
+        from tests.support.policy_server import serve_in_thread
+    except ImportError:  # before 0.2.0
+        from ptenv.policy_server import serve_in_thread
 
     url, stop = serve_in_thread()
     os.environ.setdefault("COMPARE_API_KEY", "unused")
