@@ -14,7 +14,8 @@ lets it reach the venv), side by side.
 - PSS per idle sandbox (sum of Pss in /proc/<pid>/smaps_rollup over the sandbox's processes);
 - how many of 64 concurrent sandboxes each answer a cell that runs a matmul, and their PSS;
 - a first optimiser step in a fresh sandbox (the fork server warmed that path up);
-- CPU share: a CPU-bound cell's time alone, and while a neighbouring sandbox runs 8 busy threads.
+- CPU share: a CPU-bound cell's time alone, and while a neighbouring sandbox runs 8 busy threads;
+  and alone against next to 3 sandboxes flooding their stdout.
 """
 
 import argparse
@@ -153,20 +154,41 @@ BUSY_THREADS = exec_fields(
 )
 
 
+# Writing as fast as it can: its supervisor reads and counts every byte (output_bytes are kept).
+FLOOD = exec_fields("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n")
+
+
+async def cpu_work_time(client: LocalSandboxClient, sandbox_id: str, n: int) -> float:
+    """Median seconds of n CPU-bound cells."""
+    replies = [parse_exec_reply(await client.call(sandbox_id, "exec", CPU_WORK, WAIT)) for _ in range(n)]
+    return statistics.median(float(r.stdout) for r in replies)
+
+
 async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
     """Median seconds of a CPU-bound cell alone, and while a neighbour spins 8 threads (which outlive their cell)."""
     probe = await client.create(REQUEST)
-
-    async def timings() -> float:
-        replies = [parse_exec_reply(await client.call(probe.id, "exec", CPU_WORK, WAIT)) for _ in range(n)]
-        return statistics.median(float(r.stdout) for r in replies)
-
-    alone = await timings()
+    alone = await cpu_work_time(client, probe.id, n)
     neighbour = await client.create(REQUEST)
     reply = parse_exec_reply(await client.call(neighbour.id, "exec", BUSY_THREADS, WAIT))
     assert reply.status == "ok", reply
-    loaded = await timings()
+    loaded = await cpu_work_time(client, probe.id, n)
     await client.bulk_delete([probe.id, neighbour.id])
+    return alone, loaded
+
+
+async def flood_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
+    """Median seconds of a CPU-bound cell alone, and while 3 neighbours flood their stdout (the CPU
+    their supervisors spend relaying it is charged to the neighbours' cpu cgroups)."""
+    probe = await client.create(REQUEST)
+    alone = await cpu_work_time(client, probe.id, n)
+    neighbours = [await client.create(REQUEST) for _ in range(3)]
+    floods = [asyncio.create_task(client.call(s.id, "exec", FLOOD, WAIT)) for s in neighbours]
+    await asyncio.sleep(1.0)
+    loaded = await cpu_work_time(client, probe.id, n)
+    for flood in floods:
+        flood.cancel()  # a cancelled request stops its sandbox, which is deleted next
+    await asyncio.gather(*floods, return_exceptions=True)
+    await client.bulk_delete([probe.id, *(s.id for s in neighbours)])
     return alone, loaded
 
 
@@ -232,6 +254,7 @@ async def main(quick: bool) -> None:
     answered, elapsed, busy_pss = await concurrent(client, 64)
     step = await optimiser_step(client)
     alone, loaded = await cpu_share(client, 5)
+    flood_alone, flooded = await flood_share(client, 5)
     mode = client.cgroup_mode
     client.teardown()
 
@@ -250,6 +273,8 @@ async def main(quick: bool) -> None:
     print(f"first optimiser step in a sandbox : {step * 1e3:.1f} ms (Linear + Adam + backward + step)")
     print(f"CPU-bound cell, alone / neighbour : {alone * 1e3:.0f} ms / {loaded * 1e3:.0f} ms with 8 busy threads next door"
           f" = {loaded / alone:.2f}x (target <= 1.5x; {mode})")
+    print(f"CPU-bound cell, alone / flooding  : {flood_alone * 1e3:.0f} ms / {flooded * 1e3:.0f} ms with 3 neighbours"
+          f" flooding stdout = {flooded / flood_alone:.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":

@@ -63,12 +63,14 @@ EXPECTED = {
     "wide_output": (WRONG_VALUES, ["ValueError"]),
     "nested_reply": (INVALID, []),
     "trickle_the_reply": (INVALID, []),
+    "json_bomb_reply": (INVALID, []),
 }
 # What the verdict must say of the tricks that go for the read-back.
 REASONS = {
     "huge_type_name": "not a torch.Tensor",
     "nested_reply": "is not JSON",
     "trickle_the_reply": "did not finish its reply within the time limit",
+    "json_bomb_reply": "too large without its tensor's bytes",
 }
 HOST_DIRS = [REPO, Path("/work"), Path("/root"), Path("/tmp"), Path("/var/tmp")]
 

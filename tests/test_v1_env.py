@@ -38,7 +38,7 @@ from ptenv.env.v1 import (  # noqa: E402
     PyTorchTasksetConfig,
     sandboxes,
 )
-from ptenv.env.v1_relay import RelayClient  # noqa: E402
+from ptenv.env.v1_relay import RelayClient, RelayError  # noqa: E402
 from ptenv.env.v1_tools import PyTorchState  # noqa: E402
 
 N_TASKS = 45
@@ -62,7 +62,7 @@ def new_trace(task, harness=None) -> vf.Trace:
 async def cell(trace, code: str) -> str:
     """Run a cell the way the tool server does: through the relay, by the sandbox id in the state."""
     transport, relay = sandboxes()
-    return await rollout.run_cell(RelayClient(relay.path), trace.state.sandbox_id, code, transport.cell_deadline)
+    return await rollout.run_cell(RelayClient(relay.path).call, trace.state.sandbox_id, code, transport.cell_deadline)
 
 
 async def close(trace) -> None:
@@ -143,6 +143,11 @@ async def test_the_relay_passes_replies_and_timeouts_through(task):
         assert (reply.stdout, reply.stderr, reply.exit_code) == ("out\n", "err\n", 3)
         with pytest.raises(CommandTimeoutError):
             await relay.execute_command(trace.state.sandbox_id, "sleep 10", timeout=0.5)
+        cell = await relay.call(trace.state.sandbox_id, "exec", {"code": "print(6 * 7)"}, 10)
+        assert cell["stdout"] == "42\n" and cell["status"] == "ok"
+        for op in ("result", "preload"):  # the read-back and the inputs stay the eval process's
+            with pytest.raises(RelayError, match=f"not '{op}'"):
+                await relay.call(trace.state.sandbox_id, op, {}, 10)
     finally:
         await close(trace)
 
@@ -211,6 +216,21 @@ def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, 
     assert len(traces) == N_TASKS
     assert all(t["ok"] and score(t) == 0.0 for t in traces)
     assert all(t["info"]["scoring_error"] is None and t["info"]["verdict"]["reason"] == "no result" for t in traces)
+
+
+def test_vf_eval_malformed_tool_calls_leave_the_rollout_whole(policy_url, tmp_path, monkeypatch):
+    # The malformed calls are tool messages the model reads (v1 checks types itself; text and the
+    # harness's own requests are ours); the reference solution then scores 1.0 in the same sandbox.
+    # Not the calls whose arguments hold a lone surrogate: verifiers 0.4's chat program loses its
+    # connection to the tool server on them before any code of ours sees the call (docs/threat-model.md).
+    calls = [c for c in policy_server.MALFORMED_CALLS if "\\ud800" not in json.dumps(c[1]).replace("\\\\", "")]
+    assert 0 < len(calls) < len(policy_server.MALFORMED_CALLS)
+    monkeypatch.setattr(policy_server, "MALFORMED_CALLS", calls)
+    (trace,) = run_vf_eval(policy_url, "malformed", tmp_path, 1)
+    assert trace["ok"] and score(trace) == 1.0, trace["info"]
+    assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0
+    text = json.dumps(trace)
+    assert "contains a NUL byte" in text and "ptenv-session: not found" in text and "ValueError: \\\\ud800" in text
 
 
 def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():

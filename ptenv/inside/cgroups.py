@@ -10,7 +10,9 @@ under its own cgroup: as root, or as a user the cgroup is delegated to (its dire
 the user). The host makes one directory per client under its own cgroup in each hierarchy and hands the fork
 server a directory fd of each, so nothing of /sys is mounted into a sandbox; the fork server makes
 a child directory per sandbox and the model's processes join it before they run any model code.
-The supervisor stays outside: an OOM kill can only hit the model's processes.
+The supervisor joins the sandbox's cpu cgroup only: the CPU it spends for the sandbox (relaying a
+flood of output) comes out of that sandbox's share, and an OOM kill can still only hit the model's
+processes.
 Standard library only (the fork-server half runs in the sandbox).
 """
 
@@ -138,6 +140,11 @@ def write(dir_fd: int, path: str, value: str) -> None:
 
 
 # ---- in the sandbox
+
+
+def charge_cpu(fds: dict[str, int]) -> None:
+    """Move this process (the supervisor) into the sandbox's cpu cgroup only."""
+    os.write(fds["cpu"], str(os.getpid()).encode())
 
 
 def join(fds: dict[str, int]) -> None:

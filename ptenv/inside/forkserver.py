@@ -109,6 +109,8 @@ def start_sandbox(channel_fd: int, limits: Limits, uids: tuple[int, int] | None,
     """In the freshly forked PID 1 of a local sandbox: isolate, then serve the host's channel."""
     channel = socket.socket(fileno=channel_fd)
     try:
+        if cgroup:
+            cgroups.charge_cpu(cgroup)
         keep = {channel.fileno(), *(cgroup or {}).values()}
         model = isolate_supervisor(limits, uids, keep, cgroup=cgroup is not None)
         supervisor = Supervisor(channel, limits, model, cgroup)

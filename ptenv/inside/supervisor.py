@@ -139,11 +139,14 @@ def result_doc(frame: bytearray) -> tuple[dict, memoryview]:
     read-back costs the frame and little more). The host still decodes the tensor strictly."""
     start = frame.rfind(DATA_KEY) + len(DATA_KEY)  # base64 holds no quote: the last key is the data
     end = frame.find(b'"', start) if start >= len(DATA_KEY) else -1
-    data = memoryview(frame)[start:end] if end >= 0 else memoryview(b"")
-    skeleton = frame[:start] + frame[end:] if end >= 0 and len(frame) - len(data) <= SKELETON_CAP else None
-    if skeleton is None and len(frame) <= SKELETON_CAP:
-        skeleton, data = frame, memoryview(b"")
-    doc = bounded_loads(skeleton) if skeleton is not None else None
+    if end < 0:
+        start = end = len(frame)  # no tensor bytes: the whole reply is the skeleton
+    data = memoryview(frame)[start:end]
+    if len(frame) - len(data) > SKELETON_CAP:
+        return invalid("the interpreter's reply to `result` is too large without its tensor's bytes"), memoryview(b"")
+    doc = bounded_loads(frame[:start] + frame[end:])
+    if doc is None:
+        return invalid("the interpreter's reply to `result` is not JSON of a result's size and depth"), memoryview(b"")
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing":
         return {"status": "missing"}, memoryview(b"")

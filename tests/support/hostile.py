@@ -327,6 +327,17 @@ def nested_reply(t: HostileTask) -> str:
     )
 
 
+def json_bomb_reply(t: HostileTask) -> str:
+    """Make the reply to the read-back 40 MB of `[[]],` (under the reply cap): parsed whole, its 16
+    million lists would take gigabytes of the supervisor's memory."""
+    return (
+        "import json\n"
+        "encode = json._default_encoder.encode\n"
+        "json._default_encoder.encode = lambda o: '[' + '[[]],' * 8_000_000 + '[]]' if 'traceback' not in o else encode(o)\n"
+        f"result = {t.zeros}\n"
+    )
+
+
 def trickle_the_reply(t: HostileTask) -> str:
     """Answer the read-back with a frame header and then one byte every 20 s."""
     return (
@@ -354,7 +365,7 @@ TRICKS = {f.__name__: f for f in (
     exit_with_success, liar_subclass, meta_tensor, extra_leading_dim, wrong_dtype, one_element,
     replace_torch, delete_result, patch_builtins, forge_the_encoder, inject_protocol_frames,
     escape_the_filesystem, background_daemon, spoof_the_reward, interrupt_the_supervisor,
-    starve_the_supervisor, huge_type_name, wide_output, nested_reply, trickle_the_reply,
+    starve_the_supervisor, huge_type_name, wide_output, nested_reply, trickle_the_reply, json_bomb_reply,
 )}
 
 

@@ -69,12 +69,45 @@ def _say(text: str) -> dict:
 
 
 def _call(name: str, arguments: dict) -> dict:
-    call = {
+    return _calls([(name, arguments)])
+
+
+def _calls(calls: list[tuple[str, object]]) -> dict:
+    """One assistant message with these tool calls; the arguments are any JSON value."""
+    tool_calls = [{
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
         "function": {"name": name, "arguments": json.dumps(arguments)},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
+    } for name, arguments in calls]
+    return {"role": "assistant", "content": None, "tool_calls": tool_calls}
+
+
+# Tool calls as a small model may write them, or as an optimiser aimed at the harness would: each
+# must come back as a tool message the model reads, never end the rollout.
+MALFORMED_CALLS = [
+    ("bash", {"command": "echo a\u0000b"}),  # a NUL byte no shell can take
+    ("bash", {"command": "echo \ud800"}),  # a lone surrogate
+    ("bash", {"command": ["ls", "-la"]}),
+    ("bash", {"command": 123}),
+    ("bash", {"command": "ptenv-session result"}),  # the harness's own request, from the model's shell
+    ("execute_code", {"code": None}),
+    ("execute_code", {"code": ["print(1)"]}),
+    ("execute_code", {"code": "x = '\ud800'"}),
+    ("execute_code", {"code": "result = torch.zeros(1)\nraise ValueError('\\ud800')"}),  # in the traceback
+]
+
+
+def malformed_policy(row, messages, tools) -> dict:
+    """Every call of MALFORMED_CALLS in one message, then the reference solution, then a final
+    message: a rollout that must still score 1.0."""
+    if row is None:
+        return _say("malformed policy: no task in the dataset has this question.")
+    replies = sum(m.get("role") == "tool" for m in messages)
+    if replies == 0:
+        return _calls(MALFORMED_CALLS)
+    if replies == len(MALFORMED_CALLS):
+        return _call("execute_code", {"code": row["info"]["reference_solution"]})
+    return _say("Done: `result` holds the answer.")
 
 
 def reference_policy(row, messages, tools) -> dict:
@@ -106,7 +139,7 @@ def hostile_policy(row, messages, tools) -> dict:
     return _call("execute_code", {"code": cell})
 
 
-POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy}
+POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy}
 
 
 # --- wire format -------------------------------------------------------------------------------
