@@ -3,8 +3,9 @@ sandbox needs no libseccomp.
 
 Every sandbox process has the sandbox filter. What it denies is kernel surface that no PyTorch task
 needs and that an unprivileged process could otherwise reach: new namespaces, the keyring (whose
-keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mounts and module
-loading. Rootless, the model's processes share the supervisor's uid, so they get a second filter
+keys would outlive the sandbox), io_uring, perf, userfaultfd, bpf, ptrace, mounts, module
+loading, and inotify and fanotify (their instances count against the uid, which rootless is
+shared by every sandbox and the host process). Rootless, the model's processes share the supervisor's uid, so they get a second filter
 (MODEL_RULES): the calls that act on another process by pid when the uid matches (priority,
 scheduler, CPU affinity, I/O priority, resource limits) may not name PID 1, the supervisor, nor
 act on every process of the uid.
@@ -29,7 +30,7 @@ ARCHES = {
         "open_tree": 428, "mount_setattr": 442, "swapon": 167, "swapoff": 168, "reboot": 169,
         "acct": 163, "quotactl": 179, "syslog": 103, "personality": 135, "lookup_dcookie": 212,
         "name_to_handle_at": 303, "open_by_handle_at": 304, "iopl": 172, "ioperm": 173,
-        "modify_ldt": 154, "uselib": 134,
+        "modify_ldt": 154, "uselib": 134, "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300,
         "clone": 56, "clone3": 435, "memfd_create": 319, "shmget": 29,
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
@@ -44,7 +45,7 @@ ARCHES = {
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429,
         "open_tree": 428, "mount_setattr": 442, "swapon": 224, "swapoff": 225, "reboot": 142,
         "acct": 89, "quotactl": 60, "syslog": 116, "personality": 92, "lookup_dcookie": 18,
-        "name_to_handle_at": 264, "open_by_handle_at": 265,
+        "name_to_handle_at": 264, "open_by_handle_at": 265, "inotify_init1": 26, "fanotify_init": 262,
         "clone": 220, "clone3": 435, "memfd_create": 279, "shmget": 194,
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
@@ -62,7 +63,10 @@ DENIED = (
     "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree",
     "mount_setattr", "swapon", "swapoff", "reboot", "acct", "quotactl", "syslog", "personality", "lookup_dcookie",
     "name_to_handle_at", "open_by_handle_at", "iopl", "ioperm", "modify_ldt", "uselib",
+    "inotify_init", "inotify_init1", "fanotify_init",
 )
+# Calls of DENIED that a machine does not have at all (nothing to deny there).
+ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib", "inotify_init"}}
 # clone() flags that make a namespace; clone3 passes its flags in memory, which a filter cannot
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
@@ -113,6 +117,8 @@ def program(machine: str, rules: dict) -> list[tuple[int, int, int, int]]:
     if machine == "x86_64":
         prog.append((JGE, EPERM, 0, 0x40000000))  # the x32 ABI's numbers
     for name, rule in rules.items():
+        if name in ABSENT[machine]:
+            continue
         if rule in (EPERM, ENOSYS):
             prog.append((JEQ, rule, 0, numbers[name]))
             continue
