@@ -82,6 +82,46 @@ async def test_shared_memory_never_takes_the_host_past_the_sandbox_limit(client,
         assert reply.status == "error" and error in reply.stderr, reply
 
 
+# 200 socket pairs, each sender's buffer filled to its most (8 MiB): 1.6 GB in kernel buffers,
+# which are in no process's PSS.
+SOCKET_HOG = (
+    "import socket, time\npairs = []\n"
+    "for _ in range(200):\n"
+    "    a, b = socket.socketpair()\n"
+    "    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)\n"
+    "    a.setblocking(False)\n"
+    "    try:\n"
+    "        while True:\n"
+    "            a.send(b'x' * 65536)\n"
+    "    except BlockingIOError:\n"
+    "        pairs.append((a, b))\n"
+    "time.sleep(3)\nprint('held', len(pairs))\n"
+)
+
+
+async def socket_buffers_stay_within_the_limit(box) -> None:
+    with Sampler(mem_available_mb) as free:
+        reply = await box.cell(SOCKET_HOG)
+    assert free.highest - free.lowest <= SANDBOX_MB + 128, (free.highest, free.lowest)
+    assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    assert (await box.cell("print('alive')")).stdout == "alive\n"
+
+
+async def test_socket_buffers_count_against_the_sandbox(box):
+    await socket_buffers_stay_within_the_limit(box)
+
+
+async def test_without_a_cgroup_socket_buffers_count_against_the_sandbox(monkeypatch):
+    monkeypatch.setattr(cgroups, "make_client_dirs", lambda name: (_ for _ in ()).throw(cgroups.Unavailable("none")))
+    client = LocalSandboxClient(LIMITS)
+    try:
+        box = await new_box(client)
+        assert client.cgroup_mode.startswith("no cgroup")
+        await socket_buffers_stay_within_the_limit(box)
+    finally:
+        client.teardown()
+
+
 async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
     def unavailable(name):
         raise cgroups.Unavailable("none here")

@@ -98,6 +98,27 @@ def live_pids() -> list[int]:
     return pids
 
 
+def socket_count() -> int:
+    """The sockets of the sandbox's own network namespace (this /proc/net shows only those)."""
+    count = 0
+    for name in ("unix", "tcp", "tcp6", "udp", "udp6"):
+        try:
+            with open(f"/proc/net/{name}", "rb") as f:
+                count += sum(1 for _ in f) - 1  # below a header line
+        except OSError:
+            continue
+    return count
+
+
+def socket_buffer_kb() -> int:
+    """The most a socket's buffers can hold: twice the largest size a process may ask for."""
+    sizes = []
+    for name in ("wmem_max", "rmem_max"):
+        with open(f"/proc/sys/net/core/{name}") as f:
+            sizes.append(int(f.read()))
+    return 2 * max(sizes) // 1024
+
+
 def cell_doc(status, out: Capture, err: Capture, tb: str, reset, limit) -> dict:
     """What a cell (or a preload) answers with; `reset` says why variables were lost."""
     return {
@@ -184,6 +205,8 @@ class Supervisor:
         self.owns_pid_namespace = owns_pid_namespace  # False in a container: we are not its PID 1
         self.next_memory_check = 0.0  # set when each command starts
         self.oom_kills = cgroups.oom_kills(cgroup) if cgroup else 0
+        # Without a cgroup, socket buffers are in no process's PSS: each socket counts as full.
+        self.socket_kb = 0 if cgroup or not owns_pid_namespace else socket_buffer_kb()
         cpu = max(1, round(limits.cpu_per_cell_limit * limits.cell_timeout))
         self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
         self.env = dict(os.environ)
@@ -365,7 +388,8 @@ class Supervisor:
     def over_memory(self, now: bool = False) -> bool:
         """Whether the model's processes went past the memory limit. With a cgroup the kernel
         enforces it and we look at its count of OOM kills; otherwise we sum the processes' PSS
-        (shared pages counted once), once per MEMORY_POLL at most."""
+        (shared pages counted once) and the most their sockets' buffers can hold, once per
+        MEMORY_POLL at most."""
         if self.cgroup:
             kills = cgroups.oom_kills(self.cgroup)
             over, self.oom_kills = kills > self.oom_kills, kills
@@ -374,7 +398,7 @@ class Supervisor:
         if not self.owns_pid_namespace or (t < self.next_memory_check and not now):
             return False
         self.next_memory_check = t + MEMORY_POLL
-        total_kb = 0
+        total_kb = self.socket_kb * socket_count()
         for pid in live_pids():
             if pid != os.getpid():
                 try:
