@@ -60,7 +60,8 @@ def rollout_input(env, task_id: str) -> dict:
     return {**row, "answer": ""}
 
 
-async def play(env, task_id: str, cells: list[str], break_sandbox: bool = False) -> vf.State:
+# vf.State quoted: the v1 run (verifiers 0.4 has no vf.State) collects this module too.
+async def play(env, task_id: str, cells: list[str], break_sandbox: bool = False) -> "vf.State":
     """One rollout without a model: setup, the given cells, then cleanup (post_rollout, delete) and scoring."""
     client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="UNUSED", api_base_url="http://127.0.0.1:9/v1")
     state = await env.init_state(rollout_input(env, task_id), client, "none")
@@ -78,6 +79,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[row.task_id for row in ROWS])
 def test_reference_solution_in_the_sandbox_scores_one(env, row):
     state = run(play(env, row.task_id, [row.reference_solution]))
@@ -86,6 +88,7 @@ def test_reference_solution_in_the_sandbox_scores_one(env, row):
     assert state["metrics"]["values_match"] == 1.0
 
 
+@pytest.mark.slow
 def test_well_formed_wrong_answer_scores_zero_without_scoring_error(env):
     row = ROWS[0]
     wrong = f"result = torch.zeros({tuple(row.expected.shape)}, dtype={row.expected.dtype}) + 0.5\n"
@@ -95,12 +98,14 @@ def test_well_formed_wrong_answer_scores_zero_without_scoring_error(env):
     assert state["metrics"]["shape_match"] == 1.0 and state["metrics"]["values_match"] == 0.0
 
 
+@pytest.mark.slow
 def test_missing_result_scores_zero_without_scoring_error(env):
     state = run(play(env, ROWS[0].task_id, []))
     assert state["reward"] == 0.0 and state["scoring_error"] is None
     assert state["verdict"]["reason"] == "no result" and state["metrics"]["result_present"] == 0.0
 
 
+@pytest.mark.slow
 def test_dead_sandbox_scores_zero_and_sets_scoring_error(env):
     row = ROWS[0]
     state = run(play(env, row.task_id, [row.reference_solution], break_sandbox=True))

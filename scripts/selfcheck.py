@@ -9,18 +9,15 @@ After each run no sandbox process may be left. Exits non-zero if anything differ
 report (python -m ptenv.report) is printed under its line.
 """
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import textwrap
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
 
 from tests.support.policy_server import serve_in_thread
+from tests.support.vf_eval import leftover_sandboxes, run_eval
 from ptenv.report.render import report_text
 from ptenv.report.runs import RunError, load_run
 from ptenv.report.stats import group
@@ -30,44 +27,6 @@ RUNS = [
     ("null", 0.0, ["-n", "45", "-r", "1"]),
     ("reference", 1.0, ["-n", "45", "-r", "3", "-c", "16"]),
 ]
-VF_EVAL = Path(sys.executable).with_name("vf-eval")
-# Marks this run's processes: bwrap keeps its environment, and everything in a sandbox dies with it.
-MARK = f"PTENV_SELFCHECK={uuid.uuid4().hex}".encode()
-
-
-def eval_command(url: str, policy: str, args: list[str], out: Path) -> tuple[list[str], dict]:
-    """The vf-eval command line and its environment, with this run's mark."""
-    command = [str(VF_EVAL), "pytorch-env", "-m", policy, "-b", url, "-k", "SELFCHECK_API_KEY",
-               *args, "-s", "-C", "scoring_error,verdict", "-d", "-o", str(out)]
-    name, value = MARK.decode().split("=")
-    return command, {**os.environ, "SELFCHECK_API_KEY": "unused", name: value}
-
-
-def run_eval(url: str, policy: str, args: list[str], out: Path) -> tuple[Path, list[dict]]:
-    command, env = eval_command(url, policy, args, out)
-    print("$", " ".join(command[1:]), flush=True)
-    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0:
-        sys.exit(f"vf-eval exited with {done.returncode}:\n{done.stdout[-3000:]}")
-    results = sorted(out.glob("evals/*/*/results.jsonl"))
-    if len(results) != 1:
-        sys.exit(f"expected one results.jsonl under {out}, found {len(results)}")
-    return results[0], [json.loads(line) for line in results[0].read_text().splitlines()]
-
-
-def leftover_sandboxes() -> list[str]:
-    """Processes this run started (vf-eval, bwrap, and so any sandbox) that are still alive."""
-    left = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if MARK in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                left.append(f"{pid}: {cmdline.decode()[:120]}")
-        except OSError:
-            continue
-    return left
-
-
 def check(policy: str, want: float, rows: list[dict], expected_rows: int) -> list[str]:
     problems = []
     if len(rows) != expected_rows:

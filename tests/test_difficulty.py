@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 600
 
@@ -22,6 +24,7 @@ def rollouts(out: Path) -> list[str]:
     return results.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_a_stopped_measurement_goes_on_without_redoing_a_rollout(tmp_path):
     first = difficulty(tmp_path, "-n", "2", "--json", str(tmp_path / "first.json"))
     assert first.returncode == 0, first.stdout + first.stderr
@@ -39,6 +42,7 @@ def test_a_stopped_measurement_goes_on_without_redoing_a_rollout(tmp_path):
     assert table["prompts"] == 3 and table["pass@1"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_run_of_other_rows_is_not_resumed(tmp_path):
     assert difficulty(tmp_path, "-n", "2").returncode == 0
     done = rollouts(tmp_path)
@@ -49,6 +53,7 @@ def test_a_run_of_other_rows_is_not_resumed(tmp_path):
         assert rollouts(tmp_path) == done
 
 
+@pytest.mark.slow
 def test_a_rollout_of_a_row_that_changed_since_is_redone(tmp_path):
     assert difficulty(tmp_path, "-n", "2").returncode == 0
     first, second = rollouts(tmp_path)

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
@@ -23,13 +22,12 @@ from prime_sandboxes import CommandResponse, CommandTimeoutError
 
 import pytorch_env
 from tests.support import proctree
-from tests.support.hostile import REPO
 from tests.support.policy_server import POLICIES, reference_policy
 from ptenv.host.commands import ProtocolError
-from tests.support.sandbox import server, wait_until  # noqa: F401  (server: a fixture)
+from tests.support.sandbox import wait_until
+from tests.support.vf_eval import eval_command, leftover_sandboxes
 
-sys.path.insert(0, str(REPO / "scripts"))
-import selfcheck  # noqa: E402  (its vf-eval command line, run mark and leftover check)
+pytestmark = [pytest.mark.slow, pytest.mark.rootless]
 
 
 def slow_policy(canary: str, task_ids=None):
@@ -96,7 +94,7 @@ async def test_a_sandbox_killed_mid_rollout_fails_that_rollout_only(env, server,
 def test_an_interrupted_eval_leaves_no_sandbox_behind(how, server, monkeypatch, tmp_path):
     canary = f"ptenv-interrupted-{uuid.uuid4().hex}"
     monkeypatch.setitem(POLICIES, "sleeper", slow_policy(canary))
-    command, environ = selfcheck.eval_command(server, "sleeper", ["-n", "6", "-r", "1", "-c", "6"], tmp_path)
+    command, environ = eval_command(server, "sleeper", ["-n", "6", "-r", "1", "-c", "6"], tmp_path)
     with open(tmp_path / "vf-eval.log", "w+") as log:
         run = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -112,7 +110,7 @@ def test_an_interrupted_eval_leaves_no_sandbox_behind(how, server, monkeypatch, 
             run.wait(timeout=60)
             gone = lambda: not proctree.survivors(everything) and not proctree.holding(canary)  # noqa: E731
             assert wait_until(gone, 30), f"left running: {proctree.survivors(everything)}"
-            assert not selfcheck.leftover_sandboxes()
+            assert not leftover_sandboxes()
             log.seek(0)
             sockets = re.findall(r"ipc://(/tmp/vf-[\w-]+)", log.read())  # verifiers' env server's own scratch
             assert sockets and not [s for s in sockets if os.path.exists(s)]

@@ -9,7 +9,6 @@ session gets the session restarted (fresh namespace, inputs preloaded), and its 
 
 import json
 import os
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import pytest
 
 from tests.support.hostile import CANARY, REPO, TRICKS
 from tests.support.policy_server import serve_in_thread
+from tests.support.vf_eval import leftover_sandboxes, run_eval
 
-sys.path.insert(0, str(REPO / "scripts"))
-import selfcheck  # noqa: E402  (its vf-eval runner and leftover check)
+pytestmark = [pytest.mark.slow, pytest.mark.rootless]
 
 NO_RESULT = (0.0, 0.0, 0.0, 0.0)  # result_present, shape_match, dtype_match, values_match
 INVALID = (1.0, 0.0, 0.0, 0.0)
@@ -88,12 +87,12 @@ def test_hostile_policy_scores_zero_and_leaves_the_host_healthy(tmp_path):
     assert EXPECTED.keys() == TRICKS.keys()
     url, stop = serve_in_thread()
     try:
-        _, rows = selfcheck.run_eval(url, "hostile", ["-n", "45", "-r", "1", "-c", "45"], tmp_path)
+        _, rows = run_eval(url, "hostile", ["-n", "45", "-r", "1", "-c", "45"], tmp_path)
         with urllib.request.urlopen(url + "/models", timeout=10) as response:  # the host still answers
             assert "hostile" in {m["id"] for m in json.load(response)["data"]}
     finally:
         stop()
-    assert not selfcheck.leftover_sandboxes()
+    assert not leftover_sandboxes()
     assert not [d for d in HOST_DIRS if (d / CANARY).exists()]
 
     assert len(rows) == 45

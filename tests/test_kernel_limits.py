@@ -12,7 +12,9 @@ from ptenv.inside import cgroups, seccomp
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
-from tests.support.sandbox import MEMORY_MB, box, client, new_box, only_the_sandbox_runs  # noqa: F401  (box, client: fixtures)
+from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs
+
+pytestmark = pytest.mark.rootless
 
 LIMITS = Limits(memory_mb=MEMORY_MB)
 SANDBOX_MB = LIMITS.memory_mb + LIMITS.scratch_mb + LIMITS.shm_mb  # what its cgroup may hold
@@ -60,6 +62,7 @@ class Sampler(threading.Thread):
         self.join()
 
 
+@pytest.mark.slow
 async def test_the_client_has_the_cgroups_this_machine_should_give_it(client, box):
     # CI says what it set up (.ci/run, scripts/test-rootless): a cgroup lost must fail, not fall back.
     expected = {"1": "cgroup v1", "0": "no cgroup"}.get(os.environ.get("PTENV_EXPECT_CGROUP", ""), "")
@@ -69,6 +72,7 @@ async def test_the_client_has_the_cgroups_this_machine_should_give_it(client, bo
     assert ("no cgroup" in client.isolation_mode) == client.cgroup_mode.startswith("no cgroup")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hog", [MEMFD_HOG, SHM_HOG], ids=["memfd", "sysv shm"])
 async def test_shared_memory_never_takes_the_host_past_the_sandbox_limit(client, box, hog):
     with Sampler(mem_available_mb) as free:
@@ -107,10 +111,12 @@ async def socket_buffers_stay_within_the_limit(box) -> None:
     assert (await box.cell("print('alive')")).stdout == "alive\n"
 
 
+@pytest.mark.slow
 async def test_socket_buffers_count_against_the_sandbox(box):
     await socket_buffers_stay_within_the_limit(box)
 
 
+@pytest.mark.slow
 async def test_without_a_cgroup_socket_buffers_count_against_the_sandbox(monkeypatch):
     monkeypatch.setattr(cgroups, "make_client_dirs", lambda name: (_ for _ in ()).throw(cgroups.Unavailable("none")))
     client = LocalSandboxClient(LIMITS)
@@ -122,6 +128,7 @@ async def test_without_a_cgroup_socket_buffers_count_against_the_sandbox(monkeyp
         client.teardown()
 
 
+@pytest.mark.slow
 async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
     def unavailable(name):
         raise cgroups.Unavailable("none here")
@@ -138,6 +145,7 @@ async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
         client.teardown()
 
 
+@pytest.mark.slow
 async def test_a_sandbox_cannot_use_up_the_hosts_ptys(client, box):
     other = await new_box(client)
     hoard = "import os\nptys = []\ntry:\n    while True:\n        ptys.append(os.openpty())\nexcept OSError as e:\n    print(len(ptys), e.strerror)"
@@ -167,6 +175,7 @@ DENIED = {
 }
 
 
+@pytest.mark.slow
 async def test_seccomp_denies_the_unprivileged_kernel_surface(box):
     numbers = seccomp.ARCHES[platform.machine()][1]
     calls = {name: (numbers[name], args) for name, args in DENIED.items()}
@@ -203,6 +212,7 @@ def rss_mb() -> float:
 READ_BACK_BOUND = 6  # the host's peak RSS growth per read-back, in multiples of the result's size
 
 
+@pytest.mark.slow
 async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
     await box.cell("result = torch.ones(16 << 20)")  # 64 MiB, the largest result there may be
     for _ in range(2):  # and nothing stays behind: the second costs the same
@@ -218,6 +228,7 @@ async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
     assert rss.highest - rss.lowest <= 16, (rss.lowest, rss.highest)
 
 
+@pytest.mark.slow
 async def test_the_model_may_still_tune_its_own_processes(box):
     # Rootless, a second filter keeps these calls off PID 1, the supervisor: that must
     # leave ordinary code that tunes itself working, in both modes.
@@ -235,6 +246,7 @@ async def test_the_model_may_still_tune_its_own_processes(box):
     assert (await box.sh("nice -n 3 sh -c 'echo $$' && renice -n 7 -p $$ >/dev/null && echo reniced")).stdout.endswith("reniced\n")
 
 
+@pytest.mark.slow
 async def test_a_sandbox_is_one_session(client, box):
     # Its processes share the supervisor's session, so without a cpu cgroup the kernel's autogroup
     # shares the CPU by sandbox; there the model may not leave it.

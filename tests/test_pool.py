@@ -10,7 +10,9 @@ import verifiers as vf
 
 import pytorch_env
 from tests.support import proctree
-from tests.support.sandbox import client, new_box, server, wait_until  # noqa: F401
+from tests.support.sandbox import new_box, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.rootless]
 
 CONCURRENCY = 8
 # Threads outlive their cell.
@@ -69,7 +71,7 @@ async def test_a_fork_server_killed_mid_run_costs_only_the_rollouts_in_flight(se
         env.sandbox_client.teardown()
 
 
-async def test_a_sandbox_that_stalls_its_own_death_does_not_stall_the_pool(client):  # noqa: F811
+async def test_a_sandbox_that_stalls_its_own_death_does_not_stall_the_pool(client):
     stalling, busy = await new_box(client), await new_box(client)
     # Its processes exit at idle priority while a neighbour keeps every core busy.
     reply = await stalling.cell("import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nhog = bytearray(300 << 20)")
@@ -85,7 +87,7 @@ async def test_a_sandbox_that_stalls_its_own_death_does_not_stall_the_pool(clien
 
 
 @pytest.mark.timeout(180)
-async def test_a_fork_server_that_stops_answering_is_replaced(client):  # noqa: F811
+async def test_a_fork_server_that_stops_answering_is_replaced(client):
     await new_box(client)  # the fork server runs and the pool is full
     (stopped,) = fork_servers()
     os.kill(stopped, signal.SIGSTOP)

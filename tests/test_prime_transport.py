@@ -21,7 +21,8 @@ from tests.support.fake_prime import FakePrimeService
 from ptenv import inside
 from ptenv.host import prime
 from ptenv.inside import supervisor
-from tests.support.sandbox import server  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow  # every rollout runs in a container-like bwrap
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "tensor_ops/transpose_dims"
@@ -37,7 +38,8 @@ def service(monkeypatch):
     service.close()
 
 
-def rollout(url: str, policy: str) -> vf.State:
+# vf.State quoted: the v1 run (verifiers 0.4 has no vf.State) collects this module too.
+def rollout(url: str, policy: str) -> "vf.State":
     env = pytorch_env.load_environment(sandbox="prime")
     row = next(r for r in env.get_dataset() if TASK in r["info"])
     client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="POLICY_KEY", api_base_url=url)

@@ -54,6 +54,7 @@ def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
                 assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
     mixed, _ = runs  # `python -m ptenv.report` itself here; the other tests call its main in process
     done = subprocess.run([sys.executable, "-m", "ptenv.report", str(mixed), "--out", str(tmp_path)], cwd=ROOT,
@@ -92,6 +93,7 @@ def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
     assert done.stdout.splitlines()[-1] == f"wrote report.md, report.csv, report.png to {tmp_path}"
 
 
+@pytest.mark.slow
 def test_per_task_rows_with_the_flag(runs, tmp_path):
     mixed, _ = runs
     assert report(mixed, "--tasks", "--out", tmp_path).returncode == 0
@@ -106,6 +108,7 @@ def test_per_task_rows_with_the_flag(runs, tmp_path):
     assert [row[0] for row in csv_rows].count("all") == 1 and sum(row[2] != "" for row in csv_rows) == 8
 
 
+@pytest.mark.slow
 def test_the_plot_is_a_png_of_the_expected_size(runs, tmp_path):
     mixed, _ = runs
     assert report(mixed, "--out", tmp_path).returncode == 0
@@ -115,6 +118,7 @@ def test_the_plot_is_a_png_of_the_expected_size(runs, tmp_path):
     assert data[-8:-4] == b"IEND"
 
 
+@pytest.mark.slow
 def test_compare_puts_two_runs_side_by_side_with_deltas(runs, tmp_path):
     mixed, reference = runs
     done = report("--compare", mixed, reference, "--out", tmp_path)
@@ -132,6 +136,7 @@ def test_compare_puts_two_runs_side_by_side_with_deltas(runs, tmp_path):
     assert png_size((tmp_path / "compare.png").read_bytes()) == (800, 450)
 
 
+@pytest.mark.slow
 def test_without_a_recorded_verdict_the_reasons_come_from_the_metrics(runs, tmp_path):
     mixed, _ = runs
     copy = tmp_path / "run"
@@ -179,6 +184,7 @@ def _bad_inputs(mixed: Path, reference: Path, tmp: Path) -> list[tuple[Path, str
     ]
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line_and_nothing_is_written(runs, tmp_path):
     for path, says in _bad_inputs(*runs, tmp_path):
         done = report(path)
@@ -187,6 +193,7 @@ def test_bad_input_gets_one_line_and_nothing_is_written(runs, tmp_path):
     assert not [p for p in tmp_path.rglob("*") if "report." in p.name]
 
 
+@pytest.mark.slow
 def test_an_unwritable_output_directory_gets_one_line(runs, tmp_path):
     done = report(runs[0], "--out", tmp_path / "missing")
     assert done.returncode == 1 and len(done.stderr.splitlines()) == 1 and "No such file" in done.stderr

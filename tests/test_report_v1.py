@@ -1,7 +1,8 @@
 """python -m ptenv.report on a real run of the verifiers 0.4 vf-eval (traces.jsonl), and compared
 with a classic run: the report says the runs were made under different versions.
 
-Runs where verifiers 0.4 is installed (scripts/test runs it in .venv-v1); the classic venv skips it.
+Runs where verifiers 0.4 is installed (scripts/test runs it in .venv-v1); on the classic venv tests/conftest.py
+leaves it out.
 """
 
 import shutil
@@ -11,14 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import verifiers
 
-if hasattr(verifiers, "SandboxEnv"):
-    pytest.skip(f"verifiers {verifiers.__version__} has the classic API; this module needs verifiers 0.4 "
-                "(CI runs it in its own venv)", allow_module_level=True)
-
-from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,  # noqa: E402
+from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,
                          mixed_policy, outcomes, policy_server, report, v1_eval)
+
+pytestmark = pytest.mark.v1
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 CLASSIC_VF_EVAL = ROOT / ".venv" / "bin" / "vf-eval"

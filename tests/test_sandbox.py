@@ -24,9 +24,12 @@ from ptenv.host.commands import (
 )
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
-from tests.support.sandbox import box, client, new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until  # noqa: F401
+from tests.support.sandbox import new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until
+
+pytestmark = pytest.mark.rootless
 
 
+@pytest.mark.slow
 async def test_variables_models_optimisers_and_grads_persist(box):
     steps = [
         "torch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)",
@@ -41,6 +44,7 @@ async def test_variables_models_optimisers_and_grads_persist(box):
     assert (await box.cell("print(model.weight.grad is not None, type(opt).__name__)")).stdout == "True SGD\n"
 
 
+@pytest.mark.slow
 async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
     a, b = torch.randn(3, 4), torch.arange(8, dtype=torch.int64).reshape(4, 2)
     reply = parse_exec_reply(await box.client.call(box.id, "preload", preload_fields({"a": a, "b": b}), 30))
@@ -52,6 +56,7 @@ async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
     assert torch.equal(await box.result(), a)  # the fresh session loaded pristine inputs
 
 
+@pytest.mark.slow
 async def test_a_bad_preload_is_an_error_and_keeps_the_namespace(box):
     await box.cell("keep = 1")
     reply = parse_exec_reply(await box.client.call(box.id, "preload", {"inputs": '{"x": {"dtype": "float32"}}'}, 30))
@@ -65,6 +70,7 @@ def test_preload_rejects_names_that_would_shadow_the_namespace():
             preload_fields({name: torch.ones(1)})
 
 
+@pytest.mark.slow
 async def test_stdout_stderr_and_traceback_are_captured_at_the_fd_level(box):
     code = (
         "import os, sys\n"
@@ -86,6 +92,7 @@ async def test_stdout_stderr_and_traceback_are_captured_at_the_fd_level(box):
     assert "ValueError: bad shape" in reply.text()
 
 
+@pytest.mark.slow
 async def test_last_expression_is_shown_and_syntax_errors_are_reported(box):
     assert (await box.cell("x = 2\nx * 21")).text() == "42"
     assert (await box.cell("")).text() == "(no output)"
@@ -93,6 +100,7 @@ async def test_last_expression_is_shown_and_syntax_errors_are_reported(box):
     assert reply.status == "error" and "SyntaxError" in reply.stderr
 
 
+@pytest.mark.slow
 async def test_output_is_capped_with_a_notice(box):
     reply = await box.cell("import sys\nprint('x' * (100 * 2**20))\nn = sys.stderr.write('y' * 50000)")
     assert reply.status == "ok"
@@ -103,6 +111,7 @@ async def test_output_is_capped_with_a_notice(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_result_comes_back_as_a_plain_tensor_or_a_clean_failure(box):
     assert await box.result() is None
     cases = {
@@ -131,6 +140,7 @@ async def test_result_comes_back_as_a_plain_tensor_or_a_clean_failure(box):
     assert await box.result() is None
 
 
+@pytest.mark.slow
 async def test_a_session_broken_by_the_model_never_yields_a_false_result(box):
     await box.cell("result = torch.ones(2) * 3\ntorch = None\nimport sys\nsys.modules['torch'] = None")
     assert torch.equal(await box.result(), torch.full((2,), 3.0))  # the session kept its own references
@@ -182,6 +192,7 @@ def test_cell_replies_are_parsed_strictly():
     assert timeout.note.startswith("The cell was stopped after the 30 s time limit and the session was restarted")
 
 
+@pytest.mark.slow
 async def test_bash_runs_in_the_same_sandbox_as_the_cells(box):
     await box.cell("open('/tmp/from_cell.txt', 'w').write('cell')")
     assert (await box.sh("cat from_cell.txt; echo bash > from_bash.txt")).stdout == "cell"
@@ -194,6 +205,7 @@ async def test_bash_runs_in_the_same_sandbox_as_the_cells(box):
     assert (await box.sh("python -c 'import torch; print(torch.ones(2).sum().item())'", timeout=30)).stdout == "2.0\n"
 
 
+@pytest.mark.slow
 async def test_a_command_past_its_timeout_is_killed(box):
     with pytest.raises(CommandTimeoutError):
         await box.sh("sleep 30 & sleep 30", timeout=0.5)
@@ -201,11 +213,13 @@ async def test_a_command_past_its_timeout_is_killed(box):
     assert (await box.sh("echo still here")).stdout == "still here\n"
 
 
+@pytest.mark.slow
 async def test_background_jobs_do_not_outlive_their_command(box):
     assert (await box.sh("sleep 100 & echo started")).stdout == "started\n"
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_unknown_and_deleted_sandboxes_raise_cleanly(client):
     with pytest.raises(SandboxNotRunningError, match="does not exist"):
         await client.execute_command("local-nope", "true")
@@ -220,6 +234,7 @@ async def test_unknown_and_deleted_sandboxes_raise_cleanly(client):
     assert wait_until(lambda: not box.processes())  # killed at once, reaped without blocking the fork server
 
 
+@pytest.mark.slow
 async def test_bulk_delete_kills_every_sandbox(client):
     boxes = [await new_box(client) for _ in range(3)]
     response = await client.bulk_delete([b.id for b in boxes])
@@ -227,6 +242,7 @@ async def test_bulk_delete_kills_every_sandbox(client):
     assert wait_until(lambda: all(not b.processes() for b in boxes))
 
 
+@pytest.mark.slow
 async def test_sandbox_env_runs_unchanged_on_the_local_client():
     env = vf.SandboxEnv(
         dataset=Dataset.from_list([{"question": "q", "answer": ""}]), start_command=None, timeout_per_command_seconds=1
@@ -246,6 +262,7 @@ async def test_sandbox_env_runs_unchanged_on_the_local_client():
         env.sandbox_client.teardown()
 
 
+@pytest.mark.slow
 async def test_exec_reply_text_for_a_code_string_with_any_characters(box):
     code = "print('ünïcödé \\u2603 \"quotes\" $HOME `ls` \\\\n')"
     assert (await box.cell(code)).stdout == 'ünïcödé ☃ "quotes" $HOME `ls` \\n\n'

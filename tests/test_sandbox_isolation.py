@@ -16,11 +16,14 @@ from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 from ptenv.host.local import LocalSandboxClient, SandboxUnavailableError
 from ptenv import inside
 from ptenv.inside.protocol import Limits
-from tests.support.sandbox import MEMORY_MB, SHORT, box, client, new_box, only_the_sandbox_runs, wait_until  # noqa: F401
+from tests.support.sandbox import MEMORY_MB, SHORT, new_box, only_the_sandbox_runs, wait_until
+
+pytestmark = pytest.mark.rootless
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 async def test_an_infinite_loop_is_stopped_and_variables_are_kept(box):
     await box.cell("kept = 7")
     reply = await box.cell("while True:\n    pass", timeout=SHORT)
@@ -29,6 +32,7 @@ async def test_an_infinite_loop_is_stopped_and_variables_are_kept(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_a_cell_that_swallows_the_timeout_is_killed_and_reset(box):
     await box.cell("kept = 7")
     swallow = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass"
@@ -38,6 +42,7 @@ async def test_a_cell_that_swallows_the_timeout_is_killed_and_reset(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_one_long_torch_op_is_killed_and_the_session_reset(box):
     await box.cell("kept = 7")
     reply = await box.cell("torch.ones(1).expand(10**11).sum()", timeout=SHORT)  # one C call of about 30 s
@@ -46,6 +51,7 @@ async def test_one_long_torch_op_is_killed_and_the_session_reset(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_a_fork_bomb_stays_in_its_sandbox(client, box):
     other = await new_box(client)
     reply = await box.cell("import os\nwhile True:\n    os.fork()", timeout=SHORT)
@@ -58,6 +64,7 @@ async def test_a_fork_bomb_stays_in_its_sandbox(client, box):
     await client.delete(other.id)
 
 
+@pytest.mark.slow
 async def test_memory_beyond_the_limit_fails_inside_the_cell(box):
     await box.cell("kept = 7")
     for code in ("x = torch.empty(10**10, dtype=torch.uint8)", "b = bytearray(8 * 2**30)"):
@@ -69,6 +76,7 @@ async def test_memory_beyond_the_limit_fails_inside_the_cell(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_file_size_and_scratch_space_are_capped(box):
     reply = await box.cell("open('/tmp/big', 'wb').write(b'0' * (300 * 2**20))")
     assert "File too large" in reply.stderr
@@ -79,6 +87,7 @@ async def test_file_size_and_scratch_space_are_capped(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_the_answer_key_and_the_host_are_not_visible(box, tmp_path):
     canary = tmp_path / "answer_key.jsonl"
     canary.write_text('{"expected_output": "secret"}\n')
@@ -101,6 +110,7 @@ async def test_the_answer_key_and_the_host_are_not_visible(box, tmp_path):
     assert (await box.sh("cat /opt/site-packages/pytorch_env-*.dist-info/RECORD")).exit_code != 0
 
 
+@pytest.mark.slow
 async def test_the_interpreter_and_libraries_are_read_only(box):
     prefix = sys.base_prefix
     targets = ["/usr/lib/x", f"{prefix}/lib/x", "/opt/site-packages/torch/x", "/opt/ptenv/ptenv/inside/codec.py", "/etc/passwd"]
@@ -110,6 +120,7 @@ async def test_the_interpreter_and_libraries_are_read_only(box):
     assert (await box.sh("touch /usr/x || touch /x || mkdir /opt/x")).exit_code != 0
 
 
+@pytest.mark.slow
 async def test_there_is_no_network(box):
     for address in ("('127.0.0.1', 22)", "('1.1.1.1', 80)", "('::1', 22, 0, 0)"):
         family = "AF_INET6" if "::" in address else "AF_INET"
@@ -118,6 +129,7 @@ async def test_there_is_no_network(box):
     assert (await box.sh("getent hosts pypi.org || exit 1")).exit_code != 0
 
 
+@pytest.mark.slow
 async def test_kill_everything_visible_harms_only_the_sandbox(client, box):
     other = await new_box(client)
     await box.cell("kept = 7")
@@ -135,6 +147,7 @@ async def test_kill_everything_visible_harms_only_the_sandbox(client, box):
     await client.delete(other.id)
 
 
+@pytest.mark.slow
 async def test_the_model_cannot_touch_its_supervisor(box):
     # Root: the supervisor runs as a uid of its own. Rootless: the same uid, but PID 1 ignores
     # signals from inside, hidepid hides it and seccomp keeps per-pid calls to the caller itself.
@@ -182,6 +195,7 @@ def b64(obj) -> str:
     return base64.b64encode(json.dumps(obj).encode()).decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [
     "ptenv-session result",
     f"ptenv-session exec {b64({'code': 'result = torch.zeros(2)', 'timeout': 5})}",
@@ -199,6 +213,7 @@ async def test_the_harness_requests_are_out_of_the_models_reach(box, command):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_a_dead_supervisor_is_reported_not_waited_for(box):
     os.kill(box.supervisor[0], signal.SIGKILL)
     with pytest.raises(SandboxNotRunningError, match="is not running"):
@@ -206,6 +221,7 @@ async def test_a_dead_supervisor_is_reported_not_waited_for(box):
     assert wait_until(lambda: not box.processes())
 
 
+@pytest.mark.slow
 async def test_exits_inside_a_cell(box):
     await box.cell("kept = 7")
     for code in ("import sys\nsys.exit()", "exit(3)", "raise KeyboardInterrupt"):
@@ -217,6 +233,7 @@ async def test_exits_inside_a_cell(box):
     await only_the_sandbox_runs(box)
 
 
+@pytest.mark.slow
 async def test_sandboxes_cannot_see_each_other(client, box):
     other = await new_box(client)
     await box.sh("echo secret > /tmp/mine && echo shm > /dev/shm/mine && sleep 0")
@@ -231,6 +248,7 @@ async def test_sandboxes_cannot_see_each_other(client, box):
     await client.delete(other.id)
 
 
+@pytest.mark.slow
 async def test_cpu_time_is_limited():
     client = LocalSandboxClient(Limits(cell_timeout=0.3))  # 10 cells' worth of CPU per process: 3 s
     try:
@@ -260,6 +278,7 @@ def test_missing_bubblewrap_is_one_clear_line(monkeypatch, tmp_path):
     assert "apt-get install bubblewrap" in message and "unsandboxed" in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_a_machine_that_cannot_isolate_is_one_clear_line(monkeypatch, tmp_path):
     fake = tmp_path / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: Operation not permitted' >&2\nexit 1\n")
@@ -321,6 +340,7 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["teardown", "SIGINT", "SIGKILL"])
 def test_nothing_outlives_the_host(how):
     env = {**os.environ, "TEARDOWN": "1" if how == "teardown" else ""}
@@ -346,6 +366,7 @@ def test_nothing_outlives_the_host(how):
         host.wait()
 
 
+@pytest.mark.slow
 async def test_many_processes_together_cannot_pass_the_sandbox_memory_limit(box):
     # Each process stays under its own address-space limit; together they hold 1 GiB of a 512 MiB sandbox.
     forks = "import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        hog = b'x' * (200 << 20)\n        time.sleep(30)\n        os._exit(0)\ntime.sleep(30)\n"

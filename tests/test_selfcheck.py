@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.vf_eval import MARK, leftover_sandboxes
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import selfcheck  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_selfcheck_passes_through_the_real_vf_eval():
     done = subprocess.run(
@@ -36,11 +37,11 @@ def test_selfcheck_passes_through_the_real_vf_eval():
 
 
 def test_leftover_check_sees_a_process_of_this_run():
-    name, value = selfcheck.MARK.decode().split("=")
+    name, value = MARK.decode().split("=")
     child = subprocess.Popen(["sleep", "30"], env={**os.environ, name: value})
     try:
-        assert any(line.startswith(f"{child.pid}:") for line in selfcheck.leftover_sandboxes())
+        assert any(line.startswith(f"{child.pid}:") for line in leftover_sandboxes())
     finally:
         child.kill()
         child.wait()
-    assert not selfcheck.leftover_sandboxes()
+    assert not leftover_sandboxes()

@@ -11,6 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(180)
 def test_a_short_soak_leaves_nothing_behind():

@@ -5,7 +5,6 @@ for a sandbox stays bounded. Each finding of the adversarial review is here by i
 import asyncio
 import json
 import os
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,12 +16,9 @@ from ptenv.host import rollout
 from ptenv.host.commands import ResultError
 from ptenv.host.tool_input import MAX_CHARS, problem
 from ptenv.inside.supervisor import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
-from tests.support.hostile import REPO
 from tests.support.policy_server import MALFORMED_CALLS, serve_in_thread
-from tests.support.sandbox import SHORT, box, client, only_the_sandbox_runs  # noqa: F401  (box, client: fixtures)
-
-sys.path.insert(0, str(REPO / "scripts"))
-import selfcheck  # noqa: E402  (its vf-eval runner and leftover check)
+from tests.support.sandbox import SHORT, only_the_sandbox_runs
+from tests.support.vf_eval import leftover_sandboxes, run_eval
 
 # A fixed seed in CI; scripts/fuzz runs the same properties longer with other seeds.
 EXAMPLES = int(os.environ.get("PTENV_FUZZ_EXAMPLES", "40"))
@@ -63,16 +59,17 @@ def test_bad_tool_arguments_are_named_in_one_message():
         assert is_model_text(error) and "\n" not in error
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_malformed_tool_calls_through_the_real_vf_eval_leave_the_rollout_whole(tmp_path):
     # Every malformed call of the policy is answered as a tool message; then the reference
     # solution runs in the same sandbox and the rollout scores 1.0.
     url, stop = serve_in_thread()
     try:
-        _, rows = selfcheck.run_eval(url, "malformed", ["-n", "3", "-r", "1", "-c", "3"], tmp_path)
+        _, rows = run_eval(url, "malformed", ["-n", "3", "-r", "1", "-c", "3"], tmp_path)
     finally:
         stop()
-    assert not selfcheck.leftover_sandboxes()
+    assert not leftover_sandboxes()
     assert len(rows) == 3
     for row in rows:
         replies = [m["content"] for m in row["completion"] if m["role"] == "tool"]
@@ -107,6 +104,7 @@ def answers(loop, env, sandbox_id) -> bool:
     return reply == "alive"
 
 
+@pytest.mark.slow
 @FUZZ
 @given(code=JSON)
 def test_any_json_as_execute_code_is_a_tool_reply(tools, code):
@@ -116,6 +114,7 @@ def test_any_json_as_execute_code_is_a_tool_reply(tools, code):
     assert answers(loop, env, sandbox_id)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(command=JSON)
 def test_any_json_as_a_bash_command_is_a_tool_reply(tools, command):
@@ -125,6 +124,7 @@ def test_any_json_as_a_bash_command_is_a_tool_reply(tools, command):
     assert answers(loop, env, sandbox_id)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(out=st.binary(max_size=4096), err=st.binary(max_size=4096))
 def test_any_bytes_on_stdout_and_stderr_are_a_tool_reply(tools, out, err):
@@ -143,6 +143,7 @@ def octal(data: bytes) -> str:
 # ---- F3: text from the model's process reaches the model escaped
 
 
+@pytest.mark.slow
 async def test_an_undecodable_traceback_is_shown_escaped(box):
     reply = await box.cell("result = torch.zeros(1)\nraise ValueError('\\ud800 and ' + b'\\xff'.decode('utf-8', 'surrogateescape'))")
     text = reply.text()
@@ -174,6 +175,7 @@ def test_a_reply_that_nests_or_repeats_containers_is_refused_before_it_is_parsed
 # ---- F6: a shell that leaves its process group
 
 
+@pytest.mark.slow
 async def test_a_shell_that_moves_out_of_its_group_is_killed_at_its_limit(box):
     escape = ('exec python3 -c "import os,time\nc=os.fork()\nif c==0: os.setpgid(0,0); time.sleep(1000); os._exit(0)\n'
               'time.sleep(0.3); os.setpgid(0,c); time.sleep(1000)"')
@@ -192,6 +194,7 @@ def peak_rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
+@pytest.mark.slow
 async def test_a_json_bomb_reply_is_an_invalid_answer_at_little_cost(box):
     await box.cell("import json\nencode = json._default_encoder.encode\n"
                    "json._default_encoder.encode = lambda o: '[' + '[[]],' * 8_000_000 + '[]]' if 'traceback' not in o else encode(o)\n"
@@ -204,6 +207,7 @@ async def test_a_json_bomb_reply_is_an_invalid_answer_at_little_cost(box):
     assert (await box.cell("print('alive')")).stdout == "alive\n"
 
 
+@pytest.mark.slow
 async def test_a_valid_read_back_costs_the_supervisor_at_most_twice_its_size(box):
     n_mib = 32
     await box.cell(f"result = torch.arange({n_mib << 18}, dtype=torch.int32)")

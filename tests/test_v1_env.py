@@ -1,7 +1,7 @@
 """The verifiers 0.4 adapter (ptenv.env.v1): one task's setup, finalize, scoring and cleanup in
 process, then the real 0.4 `vf-eval` against the scripted policy server on 127.0.0.1.
 
-Runs where verifiers 0.4 is installed; the classic venv skips this module (and only this one).
+Runs where verifiers 0.4 is installed; on the classic venv tests/conftest.py leaves it out.
 """
 
 import json
@@ -12,25 +12,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-import verifiers
-
-if hasattr(verifiers, "SandboxEnv"):
-    pytest.skip(
-        f"verifiers {verifiers.__version__} has the classic API; the v1 adapter needs verifiers 0.4 "
-        "(CI runs this module in its own venv)",
-        allow_module_level=True,
-    )
-
-import verifiers.v1 as vf  # noqa: E402
-from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError  # noqa: E402
-from verifiers.v1.harnesses.null.harness import NullHarnessConfig  # noqa: E402
+import verifiers.v1 as vf
+from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
+from verifiers.v1.harnesses.null.harness import NullHarnessConfig
 
 from ptenv.host import rollout
-from tests.support import policy_server  # noqa: E402
-from ptenv.tasks.rows import dumps_rows  # noqa: E402
-from ptenv.tasks.tiers import select  # noqa: E402
-from tests.support.sandbox import wait_until  # noqa: E402
-from ptenv.env.v1 import (  # noqa: E402
+from tests.support import policy_server
+from ptenv.tasks.rows import dumps_rows
+from ptenv.tasks.tiers import select
+from tests.support.sandbox import wait_until
+from ptenv.env.v1 import (
     DIAGNOSTICS,
     PyTorchHarness,
     PyTorchHarnessConfig,
@@ -38,8 +29,10 @@ from ptenv.env.v1 import (  # noqa: E402
     PyTorchTasksetConfig,
     sandboxes,
 )
-from ptenv.env.v1_relay import RelayClient, RelayError  # noqa: E402
-from ptenv.env.v1_tools import PyTorchState  # noqa: E402
+from ptenv.env.v1_relay import RelayClient, RelayError
+from ptenv.env.v1_tools import PyTorchState
+
+pytestmark = pytest.mark.v1
 
 N_TASKS = 45
 VF_EVAL_TIMEOUT = 280  # a 45-rollout run takes about 80 s on 2 cores

@@ -1,15 +1,12 @@
-"""Shared pieces of the sandbox tests: a client per test module, a sandbox per test, helpers."""
+"""Shared pieces of the sandbox tests: a sandbox with shortcuts, and helpers (the fixtures are in tests/conftest.py)."""
 
 import time
 
-import pytest
 from prime_sandboxes import CreateSandboxRequest
 
 from tests.support.proctree import sandbox_processes, supervisor_of
 from ptenv.host.commands import exec_fields, parse_exec_reply, parse_result_reply
-from tests.support.policy_server import serve_in_thread
 from ptenv.host.local import LocalSandboxClient
-from ptenv.inside.protocol import Limits
 
 REQUEST = CreateSandboxRequest(name="test", docker_image="local")
 CELL_TIMEOUT = 10.0  # generous: other suites may load the machine; timeout tests pass a shorter one
@@ -51,30 +48,6 @@ class Box:
 
 async def new_box(client: LocalSandboxClient) -> Box:
     return Box(client, (await client.create(REQUEST)).id)
-
-
-@pytest.fixture(scope="module")
-def server():
-    """The scripted policy server (reference, null, hostile, ...) on 127.0.0.1."""
-    url, stop = serve_in_thread()
-    yield url
-    stop()
-
-
-@pytest.fixture(scope="module")
-def client():
-    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT, memory_mb=MEMORY_MB))
-    yield client
-    client.teardown()
-
-
-@pytest.fixture
-async def box(client):
-    """A fresh sandbox; afterwards it is deleted and none of its processes may be left."""
-    box = await new_box(client)
-    yield box
-    await client.delete(box.id)
-    assert wait_until(lambda: not box.processes()), f"left running: {box.processes()}"
 
 
 async def only_the_sandbox_runs(box: Box) -> None:
