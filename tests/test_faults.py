@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 import verifiers as vf
-from prime_sandboxes import CommandResponse, CommandTimeoutError
+from prime_sandboxes import CommandTimeoutError
 
 import pytorch_env
 from tests.support import proctree
@@ -108,7 +108,10 @@ def test_an_interrupted_eval_leaves_no_sandbox_behind(how, server, monkeypatch, 
             else:
                 run.kill()
             run.wait(timeout=60)
-            gone = lambda: not proctree.survivors(everything) and not proctree.holding(canary)  # noqa: E731
+
+            def gone():
+                return not proctree.survivors(everything) and not proctree.holding(canary)
+
             assert wait_until(gone, 30), f"left running: {proctree.survivors(everything)}"
             assert not leftover_sandboxes()
             log.seek(0)

@@ -358,7 +358,10 @@ def test_nothing_outlives_the_host(how):
         else:
             host.send_signal(getattr(signal, how))
             host.wait(timeout=60)  # generous: a loaded machine
-        alive = lambda: [p for p in tree if _state(p) not in ("gone", "Z")]  # noqa: E731
+
+        def alive():
+            return [p for p in tree if _state(p) not in ("gone", "Z")]
+
         assert wait_until(lambda: not alive(), timeout=10), f"left running: {alive()}"
         assert not list(Path("/tmp").glob("scratch-file"))  # scratch lived in the sandbox's own tmpfs
     finally:

@@ -108,7 +108,10 @@ def test_train_and_test_never_share_an_instance_and_held_out_families_are_test_o
     test = set(ids(everything, "test", -1) + ids(everything, "test", 400) + ids(everything, "test", 400, seed=1))
     assert not train & test
     held_out = {f.id for members in tiers.TIERS.values() for f in members if f.held_out}
-    family = lambda task_id: task_id.split("@")[0]  # noqa: E731
+
+    def family(task_id):
+        return task_id.split("@")[0]
+
     assert not {family(i) for i in train} & held_out
     assert held_out <= {family(i) for i in test}
     assert not set(ids(["intermediate"], "train", 50, seed=0)) & set(ids(["intermediate"], "train", 50, seed=1))

@@ -68,7 +68,10 @@ def _viterbi(g):
     b, s, t = randint(g, 2, 3), randint(g, 3, 4), randint(g, 5, 7)
     lengths = torch.randint(2, t + 1, (b,), generator=g)
     lengths[0], lengths[1] = t, randint(g, 2, t - 1)  # one full sequence and one padded one
-    ints = lambda *shape: torch.randint(-3, 2, shape, generator=g).float()  # noqa: E731  (ties are common)
+
+    def ints(*shape):  # small integers: ties are common
+        return torch.randint(-3, 2, shape, generator=g).float()
+
     return {}, {"start": ints(b, s), "trans": ints(s, s), "emit": ints(b, t, s), "lengths": lengths}
 
 
@@ -255,7 +258,10 @@ def _lr_finder(g):
 def _batch_norm_cma(g):
     c = randint(g, 2, 3)
     shift, scale = normal(g, c, scale=2.0), uniform(g, 0.5, 2.0, c)
-    batch = lambda n: normal(g, n, c) * scale + shift  # noqa: E731
+
+    def batch(n):
+        return normal(g, n, c) * scale + shift
+
     inputs = {"a": batch(2), "b": batch(randint(g, 3, 5)), "c": batch(randint(g, 3, 5)), "e": batch(randint(g, 2, 3)),
               "gamma": uniform(g, 0.5, 1.5, c), "beta": normal(g, c, scale=0.5)}
     return {"eps": pick(g, ["1e-5", "1e-3"])}, inputs

@@ -74,7 +74,10 @@ class Family:
 
     def _draw(self, tier: str, seed: int, draw: int) -> Instance:
         params, inputs = self.sample(generator(self.id, seed, draw))
-        fill = lambda text: Template(text).substitute(params) if text is not None else None  # noqa: E731
+
+        def fill(text):
+            return Template(text).substitute(params) if text is not None else None
+
         return Instance(f"{self.id}@{seed}", tier, self.id, seed, fill(self.does), inputs,
                         fill(self.solution), fill(self.independent), params=params,
                         shortcuts={name: fill(code) for name, code in self.shortcuts.items()})

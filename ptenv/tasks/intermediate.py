@@ -56,9 +56,9 @@ def _attention(g):
 
 
 def _batchnorm(g):
-    n, c, l = randint(g, 3, 5), randint(g, 2, 4), randint(g, 2, 5)
+    n, c, length = randint(g, 3, 5), randint(g, 2, 4), randint(g, 2, 5)
     params = {"momentum": pick(g, ["0.1", "0.2", "0.05"]), "eps": pick(g, ["1e-5", "1e-3"])}
-    inputs = {"x": normal(g, n, c, l, scale=2.0) + 0.5, "weight": uniform(g, 0.5, 1.5, c), "bias": normal(g, c),
+    inputs = {"x": normal(g, n, c, length, scale=2.0) + 0.5, "weight": uniform(g, 0.5, 1.5, c), "bias": normal(g, c),
               "running_mean": normal(g, c, scale=0.3), "running_var": uniform(g, 0.5, 2.0, c)}
     return params, inputs
 
