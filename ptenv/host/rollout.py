@@ -14,6 +14,7 @@ import torch
 from ptenv.grader import Verdict, grade
 from ptenv.host import commands
 from ptenv.host.commands import ProtocolError, one_line
+from ptenv.inside.protocol import Limits
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,18 @@ class Outcome:
         return {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
 
 
-async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float) -> None:
-    reply = commands.parse_exec_reply(await call(sandbox_id, "preload", commands.preload_fields(inputs), timeout))
+async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float, limits: Limits) -> None:
+    doc = await call(sandbox_id, "preload", commands.preload_fields(inputs), timeout)
+    reply = commands.parse_exec_reply(doc, limits)
     if reply.status != "ok":
         raise ProtocolError(f"preloading the inputs failed: {one_line(reply.stderr)}")
 
 
-async def run_cell(call, sandbox_id: str, code: str, timeout: float) -> str:
-    """The tool's answer to the model: output, traceback and any notice (stopped, reset, cut)."""
-    return commands.parse_exec_reply(await call(sandbox_id, "exec", commands.exec_fields(code), timeout)).text()
+async def run_cell(call, sandbox_id: str, code: str, timeout: float, limits: Limits) -> str:
+    """The tool's answer to the model: output, traceback and any notice (stopped, reset, cut), from
+    a sandbox under `limits` (the transport's)."""
+    doc = await call(sandbox_id, "exec", commands.exec_fields(code), timeout)
+    return commands.parse_exec_reply(doc, limits).text()
 
 
 async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -> Outcome:
