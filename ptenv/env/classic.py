@@ -84,6 +84,7 @@ class PyTorchEnv(SandboxEnv):
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
                 state["error"] = vf.SandboxError(outcome.scoring_error)
         state.update(outcome.as_state())
+        state["info"].update(outcome.as_state())  # info is in every saved sample: the report reads it there
 
     @vf.teardown
     async def teardown_sandboxes(self):

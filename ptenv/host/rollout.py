@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ptenv.grader import Verdict, grade
+from ptenv.grader import Verdict, grade, invalid_result
 from ptenv.host import commands
 from ptenv.host.commands import ProtocolError, one_line
 from ptenv.inside.protocol import Limits
@@ -49,14 +49,14 @@ async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -
     try:
         answer = commands.parse_result_reply(doc)
     except commands.ResultError as e:  # the model's own doing: it controls the session's process
-        return Outcome(Verdict(0.0, True, False, False, False, str(e)), None)
+        return Outcome(invalid_result(str(e)), None)
     except Exception as e:
         return harness_failure(f"the result reply is unusable: {one_line(e)}")
     return Outcome(grade(answer, expected), None)
 
 
 def harness_failure(reason: str) -> Outcome:
-    return Outcome(Verdict(0.0, False, False, False, False, "not graded"), reason)
+    return Outcome(Verdict(0.0, "not_graded", False, False, False, False, "not graded"), reason)
 
 
 def error_chain(error: BaseException) -> str:
