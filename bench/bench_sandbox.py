@@ -58,7 +58,7 @@ def ms(values: list[float]) -> str:
 
 
 async def empty_cell(client: LocalSandboxClient, sandbox_id: str) -> None:
-    reply = parse_exec_reply(await client.call(sandbox_id, "exec", exec_fields(""), WAIT))
+    reply = parse_exec_reply(await client.call(sandbox_id, "exec", exec_fields(""), WAIT), client.limits)
     assert reply.status == "ok", reply
 
 
@@ -122,7 +122,7 @@ async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float, li
     code = exec_fields("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
 
     async def answer(sandbox_id: str) -> bool:
-        reply = parse_exec_reply(await client.call(sandbox_id, "exec", code, WAIT))
+        reply = parse_exec_reply(await client.call(sandbox_id, "exec", code, WAIT), client.limits)
         return reply.status == "ok" and reply.stdout == "True\n"
 
     results = await asyncio.gather(*(answer(s.id) for s in sandboxes), return_exceptions=True)
@@ -136,7 +136,7 @@ async def optimiser_step(client: LocalSandboxClient) -> float:
     sandbox = await client.create(REQUEST)
     code = "m = torch.nn.Linear(8, 1)\nopt = torch.optim.Adam(m.parameters())\nm(torch.ones(8)).sum().backward()\nopt.step()"
     start = time.perf_counter()
-    reply = parse_exec_reply(await client.call(sandbox.id, "exec", exec_fields(code), WAIT))
+    reply = parse_exec_reply(await client.call(sandbox.id, "exec", exec_fields(code), WAIT), client.limits)
     elapsed = time.perf_counter() - start
     assert reply.status == "ok", reply
     await client.delete(sandbox.id)
@@ -160,7 +160,7 @@ FLOOD = exec_fields("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n")
 
 async def cpu_work_time(client: LocalSandboxClient, sandbox_id: str, n: int) -> float:
     """Median seconds of n CPU-bound cells."""
-    replies = [parse_exec_reply(await client.call(sandbox_id, "exec", CPU_WORK, WAIT)) for _ in range(n)]
+    replies = [parse_exec_reply(await client.call(sandbox_id, "exec", CPU_WORK, WAIT), client.limits) for _ in range(n)]
     return statistics.median(float(r.stdout) for r in replies)
 
 
@@ -169,7 +169,7 @@ async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
     probe = await client.create(REQUEST)
     alone = await cpu_work_time(client, probe.id, n)
     neighbour = await client.create(REQUEST)
-    reply = parse_exec_reply(await client.call(neighbour.id, "exec", BUSY_THREADS, WAIT))
+    reply = parse_exec_reply(await client.call(neighbour.id, "exec", BUSY_THREADS, WAIT), client.limits)
     assert reply.status == "ok", reply
     loaded = await cpu_work_time(client, probe.id, n)
     await client.bulk_delete([probe.id, neighbour.id])

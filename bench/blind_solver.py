@@ -61,8 +61,8 @@ async def run(task: dict, code: str, grade: bool):
     client = LocalSandboxClient()
     try:
         sandbox = await client.create(REQUEST)
-        await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT)
-        reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT)
+        await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT, client.limits)
+        reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT, client.limits)
         outcome = await rollout.score(client.call, sandbox.id, row.expected, TIMEOUT) if grade else None
     finally:
         client.teardown()

@@ -7,6 +7,7 @@ within |a - e| <= ATOL + RTOL * |e| in float64, where NaN and inf always fail.
 """
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -16,14 +17,32 @@ RTOL = 1e-5
 ATOL = 1e-7
 
 
+# What a verdict is about, one per way it can end; the report counts these, and `reason` says more.
+Kind = Literal[
+    "pass",
+    "no_result",  # no `result` was set
+    "invalid_result",  # not a plain dense CPU tensor the codec can carry (told here or by the sandbox)
+    "shape",  # the shape is wrong (the dtype may be too)
+    "dtype",  # the shape is right, the dtype family is not
+    "values",  # shape and dtype family right; some values differ, beyond tolerance, NaN or infinite
+    "not_graded",  # the harness failed before the answer could be read (ptenv.host.rollout)
+]
+KINDS: tuple[str, ...] = get_args(Kind)
+
+
 @dataclass(frozen=True)
 class Verdict:
     score: float
+    kind: Kind
     result_present: bool
     shape_match: bool
     dtype_match: bool
     values_match: bool
-    reason: str
+    reason: str  # one line for a person
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown verdict kind {self.kind!r}")
 
 
 def dtype_family(dtype: torch.dtype) -> str:
@@ -46,13 +65,13 @@ def grade(answer, expected: torch.Tensor) -> Verdict:
             or dtype_family(expected.dtype) not in ("bool", "integer", "floating"):
         raise ValueError(f"expected must be a real-valued dense CPU torch.Tensor, got {_describe(expected)}")
     if answer is None:
-        return Verdict(0.0, False, False, False, False, "no result")
+        return Verdict(0.0, "no_result", False, False, False, False, "no result")
     if type(answer) is not torch.Tensor:
-        return _fail(f"result is {_describe(answer)}, not a plain torch.Tensor")
+        return invalid_result(f"result is {_describe(answer)}, not a plain torch.Tensor")
     if answer.is_nested or answer.layout != torch.strided or answer.device.type != "cpu":
-        return _fail(f"result must be a dense CPU tensor, got {_describe(answer)}")
+        return invalid_result(f"result must be a dense CPU tensor, got {_describe(answer)}")
     if not _storage_covers(answer):  # reading such a tensor crashes torch (no bounds check)
-        return _fail("result's storage is smaller than its shape and strides need")
+        return invalid_result("result's storage is smaller than its shape and strides need")
     shape_ok = answer.shape == expected.shape
     dtype_ok = dtype_family(answer.dtype) == dtype_family(expected.dtype)
     problems = []
@@ -62,11 +81,11 @@ def grade(answer, expected: torch.Tensor) -> Verdict:
         problems.append(f"dtype {answer.dtype} ({dtype_family(answer.dtype)}) is not in the expected "
                         f"{dtype_family(expected.dtype)} family")
     if problems:
-        return Verdict(0.0, True, shape_ok, dtype_ok, False, "; ".join(problems))
+        return Verdict(0.0, "dtype" if shape_ok else "shape", True, shape_ok, dtype_ok, False, "; ".join(problems))
     problem = _value_mismatch(answer.detach(), expected)
     if problem:
-        return Verdict(0.0, True, True, True, False, problem)
-    return Verdict(1.0, True, True, True, True, "match")
+        return Verdict(0.0, "values", True, True, True, False, problem)
+    return Verdict(1.0, "pass", True, True, True, True, "match")
 
 
 def _value_mismatch(answer: torch.Tensor, expected: torch.Tensor) -> str | None:
@@ -77,9 +96,9 @@ def _value_mismatch(answer: torch.Tensor, expected: torch.Tensor) -> str | None:
         if not bad.any():
             return None
         if expected.dtype == torch.bool:
-            return f"values: {int(bad.sum())} of {total} elements differ (first at index {_first(bad)})"
+            return f"values: {int(bad.sum())} of {total} elements differ: first at index {_first(bad)} (none allowed)"
         diff = (answer.to(torch.float64) - expected.to(torch.float64)).abs()
-        return _beyond("differ", bad, diff, total)
+        return _beyond("differ", bad, diff, total, "up to 0 allowed")
     a, e = answer.to(torch.float64), expected.to(torch.float64)
     diff = (a - e).abs()
     # NaN compares False and inf leaves an inf (or NaN) difference, so both fail this test too.
@@ -89,7 +108,7 @@ def _value_mismatch(answer: torch.Tensor, expected: torch.Tensor) -> str | None:
     for kind, where in (("NaN", a.isnan()), ("infinite", a.isinf())):
         if where.any():
             return f"values: {int(where.sum())} of {total} elements are {kind} (first at index {_first(where)})"
-    return _beyond("beyond tolerance", bad, diff, total)
+    return _beyond("beyond tolerance", bad, diff, total, f"up to {ATOL:g} + {RTOL:g} * |expected| allowed")
 
 
 def _storage_covers(t: torch.Tensor) -> bool:
@@ -99,10 +118,11 @@ def _storage_covers(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() >= (last + 1) * t.element_size()
 
 
-def _beyond(verb: str, bad: torch.Tensor, diff: torch.Tensor, total: int) -> str:
+def _beyond(verb: str, bad: torch.Tensor, diff: torch.Tensor, total: int, allowed: str) -> str:
+    """Where the worst element is and the tolerance it broke, in torch.testing's words."""
     worst = int(torch.where(bad, diff, -1.0).reshape(-1).argmax())
-    return (f"values: {int(bad.sum())} of {total} elements {verb} "
-            f"(max abs diff {diff.reshape(-1)[worst].item():.3g} at index {_index(worst, bad.shape)})")
+    return (f"values: {int(bad.sum())} of {total} elements {verb}: greatest absolute difference "
+            f"{diff.reshape(-1)[worst].item():.3g} at index {_index(worst, bad.shape)} ({allowed})")
 
 
 def _first(mask: torch.Tensor) -> tuple:
@@ -123,5 +143,6 @@ def _describe(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _fail(reason: str) -> Verdict:
-    return Verdict(0.0, True, False, False, False, reason)
+def invalid_result(reason: str) -> Verdict:
+    """A `result` that is there but is not an answer that can be compared."""
+    return Verdict(0.0, "invalid_result", True, False, False, False, reason)

@@ -19,8 +19,10 @@ from prime_sandboxes import CreateSandboxRequest, StartCommand
 import pytorch_env
 from tests.support.fake_prime import FakePrimeService
 from ptenv import inside
-from ptenv.host import prime
+from ptenv.host import prime, transports
+from ptenv.host.rollout import preload, run_cell
 from ptenv.inside import supervisor
+from ptenv.inside.protocol import Limits
 
 pytestmark = pytest.mark.slow  # every rollout runs in a container-like bwrap
 
@@ -70,7 +72,9 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     request: CreateSandboxRequest = service.calls[0][1]
     assert request.docker_image == "python:3.11-slim"
     assert request.start_command == StartCommand(executable="sh", args=["-c", prime.START_SCRIPT])
+    assert set(request.environment_vars) == {"PTENV_INSIDE", "PTENV_TORCH", "PTENV_LIMITS"}
     assert request.environment_vars["PTENV_TORCH"] == prime.torch_version() == "2.13.0"
+    assert json.loads(request.environment_vars["PTENV_LIMITS"]) == transports.LIMITS.as_dict()
     shipped = unpack(request.environment_vars["PTENV_INSIDE"])
     assert sorted(shipped) == sorted(inside.FILES)
     assert all(shipped[rel] == (ROOT / rel).read_bytes() for rel in shipped)
@@ -89,6 +93,26 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     assert requests[1][1]["code"].startswith("result = ") and requests[1][1]["timeout"] == 45
     assert requests[2][1] == {"timeout": 30}
     assert not service.containers, "the sandbox was deleted"
+
+
+def test_the_container_enforces_the_limits_the_host_reads_its_replies_by(service):
+    """More output than the default: the container's supervisor keeps it, and the host takes it whole."""
+    limits = Limits(cell_timeout=10, output_bytes=64 * 1024)
+    transport = transports.prime(limits)
+
+    async def play():
+        sandbox = await transport.client.create(transport.request)
+        try:
+            await transport.client.wait_for_creation(sandbox.id)
+            await transport.wait_ready(sandbox.id)
+            await preload(transport.call, sandbox.id, {}, transport.command_timeout, limits)
+            return await run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", 30, limits)
+        finally:
+            await transport.client.delete(sandbox.id)
+
+    assert asyncio.run(play()) == "x" * 40 * 1024
+    request: CreateSandboxRequest = service.calls[0][1]
+    assert json.loads(request.environment_vars["PTENV_LIMITS"]) == limits.as_dict()
 
 
 def test_the_null_policy_scores_zero_without_a_scoring_error(service, server):

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ptenv.grader import KINDS
+from ptenv.report.reasons import REASON_OF_KIND, REASONS
+from ptenv.report.runs import load_run
 from ptenv.report.stats import pass_at_k
 from ptenv.tasks.canonical import CATEGORIES
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
@@ -27,13 +30,14 @@ TASKS = ["-n", "8", "--shuffle", "--shuffle-seed", "3"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(mixed run with the verdict recorded, reference run recorded as the README says): their output dirs."""
+    """(mixed run, saved with no state columns: its info holds the verdict; reference run with
+    `-C scoring_error`): their output dirs."""
     out = tmp_path_factory.mktemp("runs")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(policy_server.POLICIES, "mixed", mixed_policy())
         url, stop = policy_server.serve_in_thread()
         try:
-            classic_eval(VF_EVAL, url, "mixed", out / "mixed", *TASKS, "-r", "2", "-C", "scoring_error,verdict")
+            classic_eval(VF_EVAL, url, "mixed", out / "mixed", *TASKS, "-r", "2")
             classic_eval(VF_EVAL, url, "reference", out / "reference", *TASKS, "-r", "1", "-C", "scoring_error")
         finally:
             stop()
@@ -136,14 +140,82 @@ def test_compare_puts_two_runs_side_by_side_with_deltas(runs, tmp_path):
     assert png_size((tmp_path / "compare.png").read_bytes()) == (800, 450)
 
 
+def rewritten(run_dir: Path, to: Path, change) -> Path:
+    """A copy of the run whose every results row is change(row)."""
+    copy = shutil.copytree(results_of(run_dir).parent, to)
+    rows = [json.loads(line) for line in (copy / "results.jsonl").read_text().splitlines()]
+    (copy / "results.jsonl").write_text("".join(json.dumps(change(row)) + "\n" for row in rows))
+    return copy
+
+
+def failure_reasons(done, out: Path) -> dict[str, int]:
+    assert done.returncode == 0, done.stderr
+    table = markdown_tables((out / "report.md").read_text())["Failure reasons (rollouts)"]
+    everything = next(row for row in table if row["category"] == "all")
+    return {k: int(v) for k, v in everything.items() if k not in ("category", "tier") and v != "0"}
+
+
+def test_every_kind_of_verdict_is_a_reason_of_the_report():
+    assert set(REASON_OF_KIND) == set(KINDS)
+    assert set(REASON_OF_KIND.values()) == {"pass", *REASONS}
+
+
+@pytest.mark.slow
+def test_the_report_counts_the_verdicts_kind_not_its_wording(runs, tmp_path):
+    mixed, _ = runs
+    rows = [json.loads(line) for line in results_of(mixed).read_text().splitlines()]
+    assert all(set(row["info"]["verdict"]) == {"score", "kind", "result_present", "shape_match", "dtype_match",
+                                               "values_match", "reason"} for row in rows)
+    assert "verdict" not in rows[0]  # saved without `-C verdict`: the info has it anyway
+
+    def reword(row):
+        verdict = {**row["info"]["verdict"], "reason": "reworded"}
+        return {**row, "info": {**row["info"], "verdict": verdict}}
+
+    copy = rewritten(mixed, tmp_path / "run", reword)
+    assert failure_reasons(report(copy, "--out", tmp_path), tmp_path) == expected_reasons(8, 2)
+
+
+@pytest.mark.slow
+def test_a_run_saved_before_verdicts_had_a_kind_is_told_by_their_reasons(runs, tmp_path):
+    """As bench/results: the verdict at the row's top level (`-C scoring_error,verdict`), without a kind."""
+    mixed, _ = runs
+
+    def as_saved_then(row):
+        info = {k: v for k, v in row["info"].items() if k not in ("verdict", "scoring_error")}
+        verdict = {k: v for k, v in row["info"]["verdict"].items() if k != "kind"}
+        return {**row, "info": info, "verdict": verdict, "scoring_error": row["info"]["scoring_error"]}
+
+    copy = rewritten(mixed, tmp_path / "run", as_saved_then)
+    done = report(copy, "--out", tmp_path)
+    assert failure_reasons(done, tmp_path) == expected_reasons(8, 2)
+    assert "note:" not in done.stdout
+
+
+def test_the_saved_benchmark_runs_are_still_read():
+    saved = sorted(ROOT.glob("bench/results/**/results.jsonl"))
+    assert saved
+    for path in saved:
+        run = load_run(path)
+        verdicts = [json.loads(line)["verdict"] for line in path.read_text().splitlines()]
+        assert run.guessed == 0 and len(verdicts) == len(run.rollouts)
+        for verdict, rollout in zip(verdicts, run.rollouts):
+            assert "kind" not in verdict
+            flags = verdict["result_present"], verdict["shape_match"], verdict["dtype_match"], verdict["score"]
+            told = {(False, False, False, 0.0): ("no result", "harness error"), (True, True, False, 0.0): ("dtype",),
+                    (True, False, True, 0.0): ("shape",), (True, True, True, 0.0): ("values",),
+                    (True, True, True, 1.0): ("pass",)}.get(flags, ("shape", "invalid answer"))
+            assert rollout.reason in told, (path, verdict)
+
+
 @pytest.mark.slow
 def test_without_a_recorded_verdict_the_reasons_come_from_the_metrics(runs, tmp_path):
     mixed, _ = runs
-    copy = tmp_path / "run"
-    shutil.copytree(results_of(mixed).parent, copy)
-    rows = [json.loads(line) for line in (copy / "results.jsonl").read_text().splitlines()]
-    (copy / "results.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "verdict"}) + "\n"
-                                                for r in rows))
+
+    def without_verdict(row):
+        return {**row, "info": {k: v for k, v in row["info"].items() if k != "verdict"}}
+
+    copy = rewritten(mixed, tmp_path / "run", without_verdict)
     done = report(copy, "--out", tmp_path)
     assert done.returncode == 0, done.stderr
     reasons = {row["category"]: row for row in markdown_tables((tmp_path / "report.md").read_text())

@@ -13,8 +13,8 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 import pytorch_env
 import verifiers as vf
 from ptenv.inside import codec
+from ptenv.host import rollout, transports
 from ptenv.host.commands import (
-    CAP,
     ReplyError,
     ResultError,
     exec_fields,
@@ -47,7 +47,8 @@ async def test_variables_models_optimisers_and_grads_persist(box):
 @pytest.mark.slow
 async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
     a, b = torch.randn(3, 4), torch.arange(8, dtype=torch.int64).reshape(4, 2)
-    reply = parse_exec_reply(await box.client.call(box.id, "preload", preload_fields({"a": a, "b": b}), 30))
+    doc = await box.client.call(box.id, "preload", preload_fields({"a": a, "b": b}), 30)
+    reply = parse_exec_reply(doc, box.client.limits)
     assert reply.status == "ok", reply
     assert (await box.cell("result = a @ b.to(a.dtype)")).status == "ok"
     assert torch.equal(await box.result(), a @ b.to(a.dtype))
@@ -59,7 +60,8 @@ async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
 @pytest.mark.slow
 async def test_a_bad_preload_is_an_error_and_keeps_the_namespace(box):
     await box.cell("keep = 1")
-    reply = parse_exec_reply(await box.client.call(box.id, "preload", {"inputs": '{"x": {"dtype": "float32"}}'}, 30))
+    doc = await box.client.call(box.id, "preload", {"inputs": '{"x": {"dtype": "float32"}}'}, 30)
+    reply = parse_exec_reply(doc, box.client.limits)
     assert reply.status == "error" and "input 'x'" in reply.stderr
     assert (await box.cell("keep")).stdout == "1\n"
 
@@ -103,12 +105,29 @@ async def test_last_expression_is_shown_and_syntax_errors_are_reported(box):
 @pytest.mark.slow
 async def test_output_is_capped_with_a_notice(box):
     reply = await box.cell("import sys\nprint('x' * (100 * 2**20))\nn = sys.stderr.write('y' * 50000)")
+    cap = box.client.limits.output_bytes
     assert reply.status == "ok"
-    assert len(reply.stdout.encode()) == CAP and len(reply.stderr.encode()) == CAP
-    assert f"{100 * 2**20 + 1 - CAP:,} more bytes of stdout were cut" in reply.note
-    assert f"{50000 - CAP:,} more bytes of stderr were cut" in reply.note
+    assert len(reply.stdout.encode()) == cap and len(reply.stderr.encode()) == cap
+    assert f"{100 * 2**20 + 1 - cap:,} more bytes of stdout were cut (the first {cap:,} are shown)" in reply.note
+    assert f"{50000 - cap:,} more bytes of stderr were cut" in reply.note
     assert reply.note in reply.text()
     await only_the_sandbox_runs(box)
+
+
+@pytest.mark.slow
+async def test_a_transport_with_more_output_returns_it_whole_and_says_what_it_kept():
+    """The limits a transport is created with are the ones its sandboxes enforce and its replies are read by."""
+    limits = Limits(cell_timeout=10, output_bytes=64 * 1024)
+    transport = transports.create("local", limits)
+    try:
+        sandbox = await transport.client.create(transport.request)
+        await rollout.preload(transport.call, sandbox.id, {}, transport.command_timeout, transport.limits)
+        whole = await rollout.run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", 30, transport.limits)
+        assert whole == "x" * 40 * 1024
+        cut = await rollout.run_cell(transport.call, sandbox.id, "print('x' * 100 * 1024)", 30, transport.limits)
+        assert cut.endswith(f"[{100 * 1024 + 1 - 65536:,} more bytes of stdout were cut (the first 65,536 are shown).]")
+    finally:
+        transport.client.teardown()
 
 
 @pytest.mark.slow
@@ -181,14 +200,14 @@ def test_result_replies_are_parsed_strictly():
 
 def test_cell_replies_are_parsed_strictly():
     doc = {"status": "ok", "stdout": "", "stderr": "", "stdout_cut": 0, "stderr_cut": 0, "reset": None, "limit": 30}
-    assert parse_exec_reply(doc).text() == "(no output)"
+    assert parse_exec_reply(doc, Limits()).text() == "(no output)"
     for change in ({"status": "fine"}, {"stdout": 3}, {"stdout_cut": -1}, {"reset": 1}, {"extra": 1}):
         with pytest.raises(ReplyError):
-            parse_exec_reply({**doc, **change})
+            parse_exec_reply({**doc, **change}, Limits())
     for other in (None, "", [], "x" * (1 << 20)):
         with pytest.raises(ReplyError):
-            parse_exec_reply(other)
-    timeout = parse_exec_reply({**doc, "status": "timeout", "reset": "ran past the time limit"})
+            parse_exec_reply(other, Limits())
+    timeout = parse_exec_reply({**doc, "status": "timeout", "reset": "ran past the time limit"}, Limits())
     assert timeout.note.startswith("The cell was stopped after the 30 s time limit and the session was restarted")
 
 

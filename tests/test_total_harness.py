@@ -100,7 +100,8 @@ def tools():
 
 
 def answers(loop, env, sandbox_id) -> bool:
-    reply = loop.run_until_complete(rollout.run_cell(env.transport.call, sandbox_id, "print('alive')", 30))
+    cell = rollout.run_cell(env.transport.call, sandbox_id, "print('alive')", 30, env.transport.limits)
+    reply = loop.run_until_complete(cell)
     return reply == "alive"
 
 

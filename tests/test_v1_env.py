@@ -55,7 +55,8 @@ def new_trace(task, harness=None) -> vf.Trace:
 async def cell(trace, code: str) -> str:
     """Run a cell the way the tool server does: through the relay, by the sandbox id in the state."""
     transport, relay = sandboxes()
-    return await rollout.run_cell(RelayClient(relay.path).call, trace.state.sandbox_id, code, transport.cell_deadline)
+    call = RelayClient(relay.path).call
+    return await rollout.run_cell(call, trace.state.sandbox_id, code, transport.cell_deadline, transport.limits)
 
 
 async def close(trace) -> None:

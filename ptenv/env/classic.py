@@ -38,7 +38,8 @@ class PyTorchEnv(SandboxEnv):
         try:
             await self.transport.wait_ready(sandbox_id)
             inputs = self.tasks[state["info"]["task_id"]].inputs
-            await rollout.preload(self.transport.call, sandbox_id, inputs, self.transport.command_timeout)
+            transport = self.transport
+            await rollout.preload(transport.call, sandbox_id, inputs, transport.command_timeout, transport.limits)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
         return state
@@ -60,7 +61,8 @@ class PyTorchEnv(SandboxEnv):
         if error := tool_input.problem("code", code, shell=False):
             return error
         try:
-            return await rollout.run_cell(self.transport.call, sandbox_id, code, self.transport.cell_deadline)
+            transport = self.transport
+            return await rollout.run_cell(transport.call, sandbox_id, code, transport.cell_deadline, transport.limits)
         except Exception as e:  # the session did not answer: end the rollout, post_rollout says why
             raise vf.SandboxError(f"execute_code failed: {rollout.one_line(e)}") from e
 
@@ -82,6 +84,7 @@ class PyTorchEnv(SandboxEnv):
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
                 state["error"] = vf.SandboxError(outcome.scoring_error)
         state.update(outcome.as_state())
+        state["info"].update(outcome.as_state())  # info is in every saved sample: the report reads it there
 
     @vf.teardown
     async def teardown_sandboxes(self):

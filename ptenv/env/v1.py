@@ -99,7 +99,8 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
             trace.state.sandbox_id = sandbox.id  # from here on, the harness cleanup deletes it
             await transport.client.wait_for_creation(sandbox.id)
             await transport.wait_ready(sandbox.id)
-            await rollout.preload(transport.call, sandbox.id, self.row().inputs, transport.command_timeout)
+            inputs = self.row().inputs
+            await rollout.preload(transport.call, sandbox.id, inputs, transport.command_timeout, transport.limits)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
 
@@ -132,7 +133,8 @@ class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
     def toolsets(cls, config: PyTorchTasksetConfig) -> list[vf.Toolset]:
         transport, relay = sandboxes()
         tools = PyTorchToolsConfig(
-            relay=relay.path, cell_deadline=transport.cell_deadline, command_timeout=transport.command_timeout
+            relay=relay.path, cell_deadline=transport.cell_deadline, command_timeout=transport.command_timeout,
+            limits=transport.limits.as_dict(),
         )
         return [PyTorchTools(tools)]
 

@@ -10,7 +10,7 @@ from prime_sandboxes import CommandTimeoutError
 
 from ptenv.env.v1_relay import RelayClient
 from ptenv.host import rollout, tool_input
-from ptenv.inside.protocol import model_text
+from ptenv.inside.protocol import Limits, model_text
 
 
 class PyTorchState(vf.State):
@@ -21,6 +21,7 @@ class PyTorchToolsConfig(vf.SharedToolsetConfig):
     relay: str  # the eval process's relay socket
     cell_deadline: float
     command_timeout: float
+    limits: dict  # the eval process's transport's Limits, as_dict: the cells' replies are read by them
 
 
 class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
@@ -28,6 +29,7 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
 
     async def setup(self) -> None:
         self.sandbox = RelayClient(self.config.relay)
+        self.limits = Limits(**self.config.limits)
 
     def _sandbox_id(self) -> str:
         if self.state.sandbox_id is None:
@@ -45,7 +47,8 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         if error := tool_input.problem("code", code, shell=False):
             return error
         try:
-            return await rollout.run_cell(self.sandbox.call, self._sandbox_id(), code, self.config.cell_deadline)
+            sandbox_id = self._sandbox_id()
+            return await rollout.run_cell(self.sandbox.call, sandbox_id, code, self.config.cell_deadline, self.limits)
         except Exception as e:  # v1 shows the model the error; finalize then finds the sandbox broken
             raise RuntimeError(f"the sandbox did not answer: {rollout.one_line(e)}") from None
 

@@ -17,11 +17,8 @@ import torch
 from ptenv.inside import codec
 from ptenv.inside.protocol import Limits, model_text, one_line
 
-CAP = Limits().output_bytes  # bytes of each stream the supervisor keeps
-
 STATUSES = ("ok", "error", "timeout", "reset")
 CELL_KEYS = {"status", "stdout", "stderr", "stdout_cut", "stderr_cut", "reset", "limit"}
-MAX_CELL_REPLY = Limits().cell_reply_cap
 RESERVED_NAMES = ("torch", "result")
 
 
@@ -72,8 +69,9 @@ def exec_fields(code: str) -> dict:
     return {"code": code}
 
 
-def parse_exec_reply(doc: dict) -> CellReply:
-    """The reply to `exec` (or `preload`) as a CellReply; ReplyError if it is not one."""
+def parse_exec_reply(doc: dict, limits: Limits) -> CellReply:
+    """The reply to `exec` (or `preload`) of a sandbox under `limits` as a CellReply; ReplyError if
+    it is not one."""
     if not isinstance(doc, dict) or set(doc) != CELL_KEYS:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise ReplyError(f"cell reply must have keys {sorted(CELL_KEYS)}, got {keys}")
@@ -87,10 +85,11 @@ def parse_exec_reply(doc: dict) -> CellReply:
     )
     if not ok:
         raise ReplyError(f"cell reply has a field of the wrong type or value: status={doc['status']!r}")
-    return CellReply(stdout=doc["stdout"], stderr=doc["stderr"], status=doc["status"], note=cell_note(doc))
+    note = cell_note(doc, limits.output_bytes)
+    return CellReply(stdout=doc["stdout"], stderr=doc["stderr"], status=doc["status"], note=note)
 
 
-def cell_note(doc: dict) -> str:
+def cell_note(doc: dict, kept: int) -> str:
     notes = []
     limit, reset = doc["limit"], doc["reset"]
     fresh = "all variables were reset (inputs are preloaded again)"
@@ -101,7 +100,7 @@ def cell_note(doc: dict) -> str:
         notes.append(f"The session {one_line(reset, 100)} and was restarted: {fresh}.")
     for stream in ("stdout", "stderr"):
         if doc[f"{stream}_cut"]:
-            notes.append(f"{doc[stream + '_cut']:,} more bytes of {stream} were cut (the first {CAP:,} are shown).")
+            notes.append(f"{doc[stream + '_cut']:,} more bytes of {stream} were cut (the first {kept:,} are shown).")
     return " ".join(notes)
 
 

@@ -84,7 +84,7 @@ def inside_archive() -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def sandbox_request(cell_timeout: int) -> CreateSandboxRequest:
+def sandbox_request(limits: Limits) -> CreateSandboxRequest:
     return CreateSandboxRequest(
         name="pytorch-env",
         docker_image=IMAGE,
@@ -96,7 +96,7 @@ def sandbox_request(cell_timeout: int) -> CreateSandboxRequest:
         environment_vars={
             "PTENV_INSIDE": inside_archive(),
             "PTENV_TORCH": torch_version(),
-            "PTENV_CELL_TIMEOUT": str(cell_timeout),
+            "PTENV_LIMITS": json.dumps(limits.as_dict()),  # the supervisor enforces them (ptenv.inside.main)
         },
     )
 

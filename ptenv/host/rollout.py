@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ptenv.grader import Verdict, grade
+from ptenv.grader import Verdict, grade, invalid_result
 from ptenv.host import commands
 from ptenv.host.commands import ProtocolError, one_line
+from ptenv.inside.protocol import Limits
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,18 @@ class Outcome:
         return {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
 
 
-async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float) -> None:
-    reply = commands.parse_exec_reply(await call(sandbox_id, "preload", commands.preload_fields(inputs), timeout))
+async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float, limits: Limits) -> None:
+    doc = await call(sandbox_id, "preload", commands.preload_fields(inputs), timeout)
+    reply = commands.parse_exec_reply(doc, limits)
     if reply.status != "ok":
         raise ProtocolError(f"preloading the inputs failed: {one_line(reply.stderr)}")
 
 
-async def run_cell(call, sandbox_id: str, code: str, timeout: float) -> str:
-    """The tool's answer to the model: output, traceback and any notice (stopped, reset, cut)."""
-    return commands.parse_exec_reply(await call(sandbox_id, "exec", commands.exec_fields(code), timeout)).text()
+async def run_cell(call, sandbox_id: str, code: str, timeout: float, limits: Limits) -> str:
+    """The tool's answer to the model: output, traceback and any notice (stopped, reset, cut), from
+    a sandbox under `limits` (the transport's)."""
+    doc = await call(sandbox_id, "exec", commands.exec_fields(code), timeout)
+    return commands.parse_exec_reply(doc, limits).text()
 
 
 async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -> Outcome:
@@ -45,14 +49,14 @@ async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -
     try:
         answer = commands.parse_result_reply(doc)
     except commands.ResultError as e:  # the model's own doing: it controls the session's process
-        return Outcome(Verdict(0.0, True, False, False, False, str(e)), None)
+        return Outcome(invalid_result(str(e)), None)
     except Exception as e:
         return harness_failure(f"the result reply is unusable: {one_line(e)}")
     return Outcome(grade(answer, expected), None)
 
 
 def harness_failure(reason: str) -> Outcome:
-    return Outcome(Verdict(0.0, False, False, False, False, "not graded"), reason)
+    return Outcome(Verdict(0.0, "not_graded", False, False, False, False, "not graded"), reason)
 
 
 def error_chain(error: BaseException) -> str:

@@ -12,6 +12,7 @@ from ptenv.inside.protocol import Limits
 
 LOG = logging.getLogger("verifiers.pytorch_env")  # shown wherever verifiers' own log is
 CELL_TIMEOUT = 30  # seconds one execute_code cell may run
+LIMITS = Limits(cell_timeout=CELL_TIMEOUT)  # what each sandbox is allowed
 COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
 CELL_MARGIN = 15  # past the cell limit: the session is restarted and the reply sent
 
@@ -29,12 +30,18 @@ class Transport:
     # The harness's own requests (exec, preload, result): (sandbox id, op, fields, timeout) -> the
     # reply document. A channel of its own: nothing the model's bash sends can reach it.
     call: Callable[[str, str, dict, float], Awaitable[dict]]
+    # In force in every sandbox of this transport: the host reads the replies by the same limits
+    # (the caps on them, how much output a cut notice says was kept).
+    limits: Limits
     command_timeout: int = COMMAND_TIMEOUT
-    cell_deadline: int = CELL_TIMEOUT + CELL_MARGIN
+
+    @property
+    def cell_deadline(self) -> float:
+        return self.limits.cell_timeout + CELL_MARGIN
 
 
-def local() -> Transport:
-    client = LocalSandboxClient(Limits(cell_timeout=CELL_TIMEOUT))
+def local(limits: Limits = LIMITS) -> Transport:
+    client = LocalSandboxClient(limits)
     LOG.info("pytorch-env local sandboxes: %s", client.isolation_mode)
 
     async def supervisor_is_built_in(sandbox_id: str) -> None:
@@ -48,10 +55,11 @@ def local() -> Transport:
         delete_all=client.bulk_delete,
         model_shell=lambda command, cwd, timeout: (command, cwd),
         call=client.call,
+        limits=limits,
     )
 
 
-def prime() -> Transport:
+def prime(limits: Limits = LIMITS) -> Transport:
     # Imported here: the Prime client is only needed, and only available, with classic verifiers.
     from verifiers.legacy.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 
@@ -60,19 +68,20 @@ def prime() -> Transport:
     client = ThreadedAsyncSandboxClient()
     return Transport(
         client=client,
-        request=prime.sandbox_request(CELL_TIMEOUT),
+        request=prime.sandbox_request(limits),
         create_attempts=5,  # the service can fail transiently
         wait_ready=lambda sandbox_id: prime.wait_for_supervisor(client, sandbox_id),
         delete_all=prime.delete_all,
         model_shell=prime.model_shell,
-        call=prime.caller(client, Limits(cell_timeout=CELL_TIMEOUT)),
+        call=prime.caller(client, limits),
+        limits=limits,
     )
 
 
 TRANSPORTS = {"local": local, "prime": prime}
 
 
-def create(name: str) -> Transport:
+def create(name: str, limits: Limits = LIMITS) -> Transport:
     if name not in TRANSPORTS:
         raise ValueError(f"unknown sandbox {name!r}: choose one of {sorted(TRANSPORTS)}")
-    return TRANSPORTS[name]()
+    return TRANSPORTS[name](limits)

@@ -51,7 +51,8 @@ def serve_forks(control_fd: int, cgroup_dirs: dict[str, int], rootless: bool) ->
 
 def serve(socket_path: str) -> None:
     warm_up()
-    supervisor.serve(socket_path, Limits(cell_timeout=float(os.environ.get("PTENV_CELL_TIMEOUT", "30"))))
+    # The host's limits (ptenv.host.prime.sandbox_request): it reads the replies by the same ones.
+    supervisor.serve(socket_path, Limits(**json.loads(os.environ["PTENV_LIMITS"])))
 
 
 if __name__ == "__main__":

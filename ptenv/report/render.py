@@ -89,7 +89,7 @@ def run_lines(run: Run) -> list[str]:
              f"versions: {versions_text(run)}"]
     if run.guessed:
         lines.append(f"note: no verdict recorded, so {run.guessed} failed rollouts with neither shape nor dtype "
-                     "right count as invalid answers (vf-eval -C scoring_error,verdict tells them apart)")
+                     "right count as invalid answers (runs of this version record the verdict, which tells them apart)")
     return lines
 
 

@@ -127,8 +127,10 @@ def _read_classic(path: Path):
         if isinstance(info, str):
             info = _loads(info, where)
         task = _task(info, where)
+        # The verdict is in the row's info; runs saved before it was are read from `-C scoring_error,verdict`.
         record = {"reward": _number(row["reward"], where), "metrics": row.get("metrics") or {},
-                  "verdict": row.get("verdict"), "scoring_error": row.get("scoring_error"),
+                  "verdict": info.get("verdict", row.get("verdict")),
+                  "scoring_error": info.get("scoring_error", row.get("scoring_error")),
                   "versions": info.get("versions")}
         records.append((where, task, record))
     shape = metadata.get("num_examples"), metadata.get("rollouts_per_example")

@@ -117,7 +117,7 @@ def outcomes(results: Path) -> list[dict]:
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     if results.name == "results.jsonl":
         return [{"task": r["info"]["task_id"], "category": r["info"]["category"], "reward": r["reward"],
-                 "harness": r["scoring_error"] is not None} for r in rows]
+                 "harness": r["info"]["scoring_error"] is not None} for r in rows]
     traces = [t for episode in rows for t in episode["traces"]]
     return [{"task": t["task"]["data"]["id"], "category": t["task"]["data"]["info"]["category"],
              "reward": (t["rewards"].get("correctness") or {}).get("score", 0.0),

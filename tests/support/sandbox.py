@@ -33,7 +33,8 @@ class Box:
 
     async def cell(self, code: str, timeout: float | None = None):
         """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
-        return parse_exec_reply(await self.client.call(self.id, "exec", exec_fields(code), timeout or WAIT))
+        doc = await self.client.call(self.id, "exec", exec_fields(code), timeout or WAIT)
+        return parse_exec_reply(doc, self.client.limits)
 
     async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
         return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
