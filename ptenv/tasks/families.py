@@ -84,7 +84,11 @@ class Family:
 
 
 def generator(family_id: str, seed: int, draw: int = 0) -> torch.Generator:
-    key = f"{family_id}#{seed}" + (f"#{draw}" if draw else "")
+    return seeded(f"{family_id}#{seed}" + (f"#{draw}" if draw else ""))
+
+
+def seeded(key: str) -> torch.Generator:
+    """A generator seeded by a SHA-256 of `key` (never Python's salted hash())."""
     digest = hashlib.sha256(key.encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 

@@ -22,7 +22,8 @@ from ptenv.tasks.canonical import CATEGORIES, Task
 ROW_KEYS = {"question", "info"}
 INFO_KEYS = {"task_id", "category", "inputs", "expected_output", "reference_solution"}
 PROVENANCE_KEYS = {"tier", "family", "seed"}  # generated rows only: train.jsonl stays as it was
-TASK_ID = re.compile(r"[a-z_]+/[a-z0-9_]+(@[0-9]+)?")
+FUNCTION_KEYS = {"kind", "level", "function"}  # function rows only (ptenv/tasks/functions.py)
+TASK_ID = re.compile(r"[a-z_]+/[a-z0-9_]+(@[0-9]+(~[0-9]+)?)?")
 RESERVED_NAMES = {"torch", "result"}
 
 
@@ -42,9 +43,15 @@ class TaskRow:
     tier: str = "basic"
     family: str = ""  # the task id for a canonical task
     seed: int | None = None
+    kind: str = "result"  # or "function": the answer is a function, graded on hidden inputs
+    level: int | None = None  # a function task's level
+    function: str = ""  # a function task's function name
 
     def provenance(self) -> dict:
-        return {"tier": self.tier, "family": self.family or self.task_id, "seed": self.seed}
+        row = {"tier": self.tier, "family": self.family or self.task_id, "seed": self.seed}
+        if self.kind == "function":
+            row.update(kind=self.kind, level=self.level, function=self.function)
+        return row
 
 
 def build_inputs(task: Task) -> dict[str, torch.Tensor]:
@@ -97,6 +104,23 @@ def make_row(task_id: str, does: str, inputs: dict[str, torch.Tensor], solution:
             "inputs": [{"name": name, "tensor": codec.encode(t)} for name, t in inputs.items()],
             "expected_output": codec.encode(expected),
             "reference_solution": solution,
+            **provenance,
+        },
+    }
+
+
+def make_function_row(task_id: str, question: str, inputs: dict[str, torch.Tensor], outputs, reference: str,
+                      **provenance) -> dict:
+    """A function task's row: its expected output is the reference's (first) output on the example."""
+    example = outputs[0] if isinstance(outputs, tuple) else outputs
+    return {
+        "question": question,
+        "info": {
+            "task_id": task_id,
+            "category": task_id.split("/")[0],
+            "inputs": [{"name": name, "tensor": codec.encode(t)} for name, t in inputs.items()],
+            "expected_output": codec.encode(example.detach()),
+            "reference_solution": reference,
             **provenance,
         },
     }
@@ -162,7 +186,9 @@ def parse_row(row, where: str) -> TaskRow:
     question = text(row["question"], "question")
     info = row["info"]
     generated = isinstance(info, dict) and bool(PROVENANCE_KEYS & set(info))
-    _exact_keys(info, INFO_KEYS | PROVENANCE_KEYS if generated else INFO_KEYS, "info", fail)
+    function = isinstance(info, dict) and bool(FUNCTION_KEYS & set(info))
+    keys = INFO_KEYS | (PROVENANCE_KEYS if generated or function else set()) | (FUNCTION_KEYS if function else set())
+    _exact_keys(info, keys, "info", fail)
     task_id = text(info["task_id"], "info.task_id")
     category = text(info["category"], "info.category")
     if not TASK_ID.fullmatch(task_id):
@@ -184,7 +210,7 @@ def parse_row(row, where: str) -> TaskRow:
             fail(f"{field}.name", f"duplicate input {name!r}")
         inputs[name] = tensor(item["tensor"], f"{field}.tensor")
     expected = tensor(info["expected_output"], "info.expected_output")
-    if expected.is_complex() or expected.numel() == 0 or not torch.isfinite(expected).all():
+    if expected.is_complex() or (expected.numel() == 0 and not function) or not torch.isfinite(expected).all():
         fail("info.expected_output", f"a reference must be real, non-empty and finite, got {expected.dtype} "
                                      f"of shape {list(expected.shape)}")
     solution = text(info["reference_solution"], "info.reference_solution")
@@ -198,8 +224,15 @@ def parse_row(row, where: str) -> TaskRow:
     if not (isinstance(info["tier"], str) and isinstance(info["family"], str)
             and (seed is None or type(seed) is int)):
         fail("info", "tier and family must be strings and seed an integer or null")
+    if not function:
+        return TaskRow(task_id, category, question, inputs, expected, solution, row_digest(row), info["tier"],
+                       info["family"], seed)
+    name = info["function"]
+    if info["kind"] != "function" or type(info["level"]) is not int or not isinstance(name, str) \
+            or not name.isidentifier() or keyword.iskeyword(name):
+        fail("info", "a function row needs kind 'function', an integer level and the function's name")
     return TaskRow(task_id, category, question, inputs, expected, solution, row_digest(row), info["tier"],
-                   info["family"], seed)
+                   info["family"], seed, "function", info["level"], name)
 
 
 def row_digest(row: dict) -> str:

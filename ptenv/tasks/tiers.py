@@ -5,9 +5,10 @@ split, so train and test never share an instance, whatever arguments they were b
 families appear in the test split only. The basic tier's default train set is the 45 canonical tasks.
 """
 
-from ptenv.tasks.families import BasicFamily, Instance, canonical_instance
+from ptenv.tasks.families import BasicFamily, canonical_instance
 from ptenv.tasks.canonical import TASKS
-from ptenv.tasks import advanced, expert, intermediate
+from ptenv.tasks import advanced, expert, fn_advanced, fn_basic, fn_expert, fn_intermediate, intermediate
+from ptenv.tasks.functions import LEVELS
 
 TIERS = {
     "basic": [BasicFamily(task) for task in TASKS],
@@ -15,6 +16,14 @@ TIERS = {
     "advanced": advanced.FAMILIES,
     "expert": expert.FAMILIES,
 }
+# The function form of each tier (ptenv/tasks/functions.py): the model writes a function, graded on hidden inputs.
+FUNCTION_TIERS = {
+    "basic": fn_basic.FAMILIES,
+    "intermediate": fn_intermediate.FAMILIES,
+    "advanced": fn_advanced.FAMILIES,
+    "expert": fn_expert.FAMILIES,
+}
+KINDS = ("result", "function")
 SPLITS = ("train", "test")
 DEFAULT_PER_FAMILY = {"train": 10, "test": 5}  # the default set of a generated tier
 BASIC_TEST_PER_FAMILY = 1
@@ -50,40 +59,54 @@ def check_num_eval_examples(num_eval_examples, split) -> None:
                          "dataset is the test split already: leave num_eval_examples at 0")
 
 
+def check_kind(kind, level, tiers: list[str]) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    if kind == "function":
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {', '.join(map(str, LEVELS))}, got {level!r}")
+        if not any(FUNCTION_TIERS[t] for t in tiers):
+            raise ValueError(f"no function families in tiers {tiers}: those with some are "
+                             f"{[t for t, f in FUNCTION_TIERS.items() if f]}")
+
+
 def instance_seed(seed: int, k: int, split: str) -> int:
     return seed * SEED_STRIDE + 2 * k + (split == "test")
 
 
-def families(tier: str, split: str) -> list:
-    return [f for f in TIERS[tier] if split == "test" or not f.held_out]
+def families(tier: str, split: str, kind: str = "result") -> list:
+    catalogue = TIERS if kind == "result" else FUNCTION_TIERS
+    return [f for f in catalogue[tier] if split == "test" or not f.held_out]
 
 
-def select(tiers: list[str], split: str, num_examples: int, seed: int) -> list[Instance]:
+def select(tiers: list[str], split: str, num_examples: int, seed: int, kind: str = "result", level: int = 1) -> list:
     """The split's instances: `num_examples` of them round-robin over the tiers' families, or with
-    -1 each tier's default set (basic train: the canonical tasks; basic test: one per family)."""
+    -1 each tier's default set (basic train: the canonical tasks; basic test: one per family; the
+    function form of every tier: as a generated tier's)."""
+    def nth(pool: list, i: int):
+        tier, family = pool[i % len(pool)]
+        seed_i = instance_seed(seed, i // len(pool), split)
+        return family.instance(tier, seed_i) if kind == "result" else family.instance(tier, seed_i, level)
+
     if num_examples != -1:
-        pool = [(tier, family) for tier in tiers for family in families(tier, split)]
-        return [_nth(pool, i, split, seed) for i in range(num_examples)]
+        pool = [(tier, family) for tier in tiers for family in families(tier, split, kind)]
+        return [nth(pool, i) for i in range(num_examples)]
     chosen = []
     for tier in tiers:
-        if tier == "basic" and split == "train":
+        if tier == "basic" and split == "train" and kind == "result":
             chosen += [canonical_instance(task) for task in TASKS]
             continue
-        pool = [(tier, family) for family in families(tier, split)]
-        per_family = BASIC_TEST_PER_FAMILY if tier == "basic" else DEFAULT_PER_FAMILY[split]
-        chosen += [_nth(pool, i, split, seed) for i in range(per_family * len(pool))]
+        pool = [(tier, family) for family in families(tier, split, kind)]
+        per_family = BASIC_TEST_PER_FAMILY if tier == "basic" and kind == "result" else DEFAULT_PER_FAMILY[split]
+        chosen += [nth(pool, i) for i in range(per_family * len(pool))]
     return chosen
-
-
-def _nth(pool: list, i: int, split: str, seed: int) -> Instance:
-    tier, family = pool[i % len(pool)]
-    return family.instance(tier, instance_seed(seed, i // len(pool), split))
 
 
 def find_family(family_id: str):
     """(tier, family) for a family id; KeyError naming it when there is none."""
-    for tier, members in TIERS.items():
-        for family in members:
-            if family.id == family_id:
-                return tier, family
+    for catalogue in (TIERS, FUNCTION_TIERS):
+        for tier, members in catalogue.items():
+            for family in members:
+                if family.id == family_id:
+                    return tier, family
     raise KeyError(f"no family {family_id!r}")

@@ -1,0 +1,3 @@
+"""Function families of the advanced tier (ptenv/tasks/functions.py)."""
+
+FAMILIES = []

@@ -1,0 +1,3 @@
+"""Function families of the basic tier (ptenv/tasks/functions.py)."""
+
+FAMILIES = []

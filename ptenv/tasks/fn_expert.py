@@ -1,0 +1,3 @@
+"""Function families of the expert tier (ptenv/tasks/functions.py)."""
+
+FAMILIES = []

@@ -1,0 +1,202 @@
+"""Function tasks: the model writes a named function to a stated contract, and the function is run
+on hidden inputs after the rollout.
+
+A FunctionFamily states the contract (what the function returns for any valid input, the ranks,
+dtypes and sizes it must accept, the edge cases it rules on) and names its hidden-case classes:
+each Case samples the keyword arguments of one call, and the contract states it (`phrase`). The
+example shown to the model is a draw of the first class, preloaded by name as a result task's
+inputs are.
+
+Hidden cases are drawn on the host after the model's last turn, from seeds the model cannot know
+(a secret of the environment, see `HiddenCases`), one of each class in order, then again from the
+first; the references are computed on the host and never enter the sandbox. A set of draws is
+kept only when the references pass against their float64 recompute (the tolerance gate) and every
+plausible wrong implementation the family lists fails at least one case; otherwise it is redrawn.
+
+Levels: 1 lists the hidden-case classes under the contract and gives the family's hint (the
+torch functions that help); 2 gives the contract alone, which still states every class.
+"""
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ptenv.grader import Verdict, grade
+from ptenv.tasks.families import generator, seeded
+from ptenv.tasks.rows import make_function_row
+
+LEVELS = (1, 2)
+DEFAULT_HIDDEN_CASES = 8
+MAX_DRAWS = 20
+Args = dict  # keyword arguments of one call: tensors, and ints, floats, bools, strings, None or lists of ints
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # the class, as a verdict names it: "empty segment"
+    phrase: str  # the words of the contract that state this class (a test finds them there)
+    sample: Callable[[torch.Generator], Args]
+
+
+@dataclass(frozen=True)
+class FunctionFamily:
+    id: str  # category/short_name, as a result family's
+    name: str  # the function's name
+    params: tuple[str, ...]  # its parameters, in order
+    contract: str
+    cases: tuple[Case, ...]  # the first class's draw is also the example
+    reference: str  # source defining `name`; runs on the host only
+    wrong: dict[str, str] = field(default_factory=dict)  # plausible wrong implementations, by name
+    hint: str = ""  # level 1 only: which torch functions help
+    held_out: bool = False
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}({', '.join(self.params)})"
+
+    def instance(self, tier: str, seed: int, level: int = 1) -> "FunctionInstance":
+        args = self.cases[0].sample(generator(self.id, seed))
+        return FunctionInstance(self, tier, seed, level, args)
+
+    def draw(self, key: str, n: int, draw: int = 0) -> list[tuple[str, Args]]:
+        """n hidden cases: the classes in order, then again from the first."""
+        cases = []
+        for k in range(n):
+            case = self.cases[k % len(self.cases)]
+            cases.append((case.name, case.sample(seeded(f"{self.id}#hidden#{key}#{k}#{draw}"))))
+        return cases
+
+
+@dataclass(frozen=True)
+class FunctionInstance:
+    family: FunctionFamily
+    tier: str
+    seed: int
+    level: int
+    example: Args
+
+    @property
+    def id(self) -> str:
+        return f"{self.family.id}@{self.seed}" + (f"~{self.level}" if self.level != 1 else "")
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.example.items() if isinstance(v, torch.Tensor)}
+
+    def row(self) -> dict:
+        f = self.family
+        return make_function_row(self.id, question(f, self.example, self.level), self.inputs(),
+                                 call(f.reference, f.name, self.example), f.reference, tier=self.tier,
+                                 family=f.id, seed=self.seed, kind="function", level=self.level,
+                                 function=f.name)
+
+
+def question(f: FunctionFamily, example: Args, level: int) -> str:
+    tensors = "\n".join(f"- `{k}`: {v.dtype}, shape {tuple(v.shape)}" for k, v in example.items()
+                        if isinstance(v, torch.Tensor))
+    shown = ", ".join(f"{k}={v!r}" if not isinstance(v, torch.Tensor) else k for k, v in example.items())
+    parts = [f"Write a Python function `{f.signature}`.", "", f"Contract: {f.contract}"]
+    if level == 1:
+        parts += ["", "Your function is checked on hidden inputs of each of these kinds: "
+                  + "; ".join(c.name for c in f.cases) + "."]
+        if f.hint:
+            parts += [f"Hint: {f.hint}"]
+    parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
+              f"Example call: `{f.name}({shown})`.", "",
+              f"Your answer is the last ```python code block in your final message that defines `{f.name}`. "
+              f"It runs in a fresh Python process (with `torch` imported and the example inputs defined) "
+              f"and `{f.name}` is called on hidden inputs that follow the contract; it must return what "
+              f"the contract says, with the same dtypes and shapes as the reference would."]
+    return "\n".join(parts)
+
+
+def call(source: str, name: str, args: Args):
+    """Run a trusted implementation (the reference, or a listed wrong one) on private copies of `args`."""
+    namespace = {"torch": torch, "__name__": "__main__"}
+    exec(compile(source, f"<{name}>", "exec"), namespace)
+    copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    torch.set_num_threads(1)  # as the sandbox runs it (and as rows.run_solution does)
+    return namespace[name](**copies)
+
+
+def float64_args(args: Args) -> Args:
+    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
+
+
+def grade_output(answer: list, expected: list[torch.Tensor]) -> Verdict:
+    """The function's outputs (a tensor, or a tuple of them) against the reference's. Unlike a
+    `result`, each must have the reference's exact dtype: the contract states it."""
+    if len(answer) != len(expected):
+        return Verdict(0.0, "shape", True, False, False, False,
+                       f"returned {len(answer)} tensor(s), the contract asks for {len(expected)}")
+    for i, (a, e) in enumerate(zip(answer, expected)):
+        verdict = grade(a, e)
+        where = f"output {i}: " if len(expected) > 1 else ""
+        if verdict.score == 1.0 and a.dtype != e.dtype:
+            verdict = Verdict(0.0, "dtype", True, True, False, False, f"dtype {a.dtype} != expected {e.dtype}")
+        if verdict.score != 1.0:
+            return Verdict(0.0, verdict.kind, True, verdict.shape_match, verdict.dtype_match, False,
+                           where + verdict.reason)
+    return Verdict(1.0, "pass", True, True, True, True, "match")
+
+
+def as_outputs(value) -> list:
+    """A function's return value as the list of its outputs (a tuple's items, or the one value)."""
+    return list(value) if isinstance(value, tuple) else [value]
+
+
+class HiddenCases:
+    """The hidden cases of each function task, drawn once per environment from its secret, so that
+    every rollout of a prompt (a GRPO group) is graded on the same cases, and the model, which never
+    sees the secret, cannot draw them in the sandbox."""
+
+    def __init__(self, secret: str, n: int):
+        self.secret, self.n = secret, n
+        self.cache: dict[tuple[str, int], list[tuple[str, Args, list[torch.Tensor]]]] = {}
+        self.lock = threading.Lock()
+
+    def of(self, family: FunctionFamily, seed: int) -> list[tuple[str, Args, list[torch.Tensor]]]:
+        """[(class, arguments, reference outputs)] for the task (family, seed)."""
+        with self.lock:
+            key = (family.id, seed)
+            if key not in self.cache:
+                tag = hashlib.sha256(f"{self.secret}#{seed}".encode()).hexdigest()[:16]
+                self.cache[key] = gated_draw(family, tag, self.n)
+            return self.cache[key]
+
+
+def gated_draw(family: FunctionFamily, key: str, n: int) -> list[tuple[str, Args, list[torch.Tensor]]]:
+    """The first set of n hidden cases that the tolerance grades fairly and that fails every listed
+    wrong implementation somewhere; ValueError after MAX_DRAWS."""
+    problems = []
+    for draw in range(MAX_DRAWS):
+        cases = family.draw(key, n, draw)
+        problems = set_problems(family, cases)
+        if not problems[0]:
+            return problems[1]
+    raise ValueError(f"{family.id}: no gradable set of hidden cases in {MAX_DRAWS} draws (last: {problems[0]})")
+
+
+def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
+    """(problems, the cases with their reference outputs)."""
+    graded, problems = [], []
+    for name, args in cases:
+        expected = as_outputs(call(family.reference, family.name, args))
+        recomputed = as_outputs(call(family.reference, family.name, float64_args(args)))
+        verdict = grade_output([r.to(e.dtype) for r, e in zip(recomputed, expected)], expected)
+        if verdict.score != 1.0:
+            problems.append(f"{name}: float64 recompute: {verdict.reason}")
+        graded.append((name, args, expected))
+    for wrong, source in family.wrong.items():
+        if all(passes(source, family.name, args, expected) for _, args, expected in graded):
+            problems.append(f"the wrong implementation {wrong!r} passes every case")
+    return problems, graded
+
+
+def passes(source: str, name: str, args: Args, expected: list[torch.Tensor]) -> bool:
+    try:
+        return grade_output(as_outputs(call(source, name, args)), expected).score == 1.0
+    except Exception:
+        return False

@@ -1,0 +1,59 @@
+"""The gates of every function family (ptenv/tasks/functions.py), on the host: the contract states
+every hidden-case class, the reference passes every hidden case of many draws against its float64
+recompute, each listed wrong implementation fails some case, and rows are byte-identical."""
+
+import pytest
+import torch
+
+from ptenv.tasks import functions
+from ptenv.tasks.rows import dumps_rows, parse_row
+from ptenv.tasks.tiers import FUNCTION_TIERS
+
+FAMILIES = [family for members in FUNCTION_TIERS.values() for family in members]
+IDS = [family.id for family in FAMILIES]
+
+
+def test_there_are_at_least_40_function_families_with_unique_ids():
+    assert len(set(IDS)) == len(IDS)
+    assert len(FAMILIES) >= 2  # raised to 40 as the families land
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_the_contract_states_every_hidden_case_class(family):
+    assert len({c.name for c in family.cases}) == len(family.cases)
+    for case in family.cases:
+        assert case.phrase in family.contract, f"{case.name!r}: {case.phrase!r} is not in the contract"
+    assert family.reference.lstrip().startswith(f"def {family.name}(")
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_hidden_sets_pass_the_gates_for_many_keys(family):
+    for key in ("a", "b", "c", "d"):
+        cases = functions.gated_draw(family, key, functions.DEFAULT_HIDDEN_CASES)
+        assert [name for name, _, _ in cases][: len(family.cases)] == [c.name for c in family.cases]
+        for name, args, expected in cases:
+            assert set(args) == set(family.params), name
+            outputs = functions.as_outputs(functions.call(family.reference, family.name, args))
+            assert functions.grade_output(outputs, expected).score == 1.0  # deterministic
+            assert all(type(t) is torch.Tensor and torch.isfinite(t).all() for t in expected), name
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_every_wrong_implementation_fails_a_case_of_every_kept_set(family):
+    assert family.wrong, "a family lists at least one plausible wrong implementation"
+    cases = functions.gated_draw(family, "wrong", functions.DEFAULT_HIDDEN_CASES)
+    for wrong, source in family.wrong.items():
+        assert not all(functions.passes(source, family.name, a, e) for _, a, e in cases), wrong
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_rows_are_byte_identical_and_parse(family):
+    for level in functions.LEVELS:
+        first, again = family.instance("t", 7, level).row(), family.instance("t", 7, level).row()
+        assert dumps_rows([first]) == dumps_rows([again])
+        row = parse_row(first, family.id)
+        assert (row.kind, row.level, row.function) == ("function", level, family.name)
+        assert f"`{family.signature}`" in row.question
+        listed = "checked on hidden inputs of each of these kinds" in row.question
+        assert listed == (level == 1)
+        assert all(c.name in row.question for c in family.cases) or level != 1
