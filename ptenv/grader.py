@@ -26,6 +26,8 @@ Kind = Literal[
     "dtype",  # the shape is right, the dtype family is not
     "values",  # shape and dtype family right; some values differ, beyond tolerance, NaN or infinite
     "not_graded",  # the harness failed before the answer could be read (ptenv.host.rollout)
+    "error",  # a function task's function raised, could not be loaded, or its process died
+    "timeout",  # a function task's function ran past its time limit on a hidden case
 ]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -146,3 +148,20 @@ def _describe(obj) -> str:
 def invalid_result(reason: str) -> Verdict:
     """A `result` that is there but is not an answer that can be compared."""
     return Verdict(0.0, "invalid_result", True, False, False, False, reason)
+
+
+def grade_outputs(answer: list, expected: list[torch.Tensor]) -> Verdict:
+    """The function's outputs (a tensor, or a tuple of them) against the reference's. Unlike a
+    `result`, each must have the reference's exact dtype: the contract states it."""
+    if len(answer) != len(expected):
+        return Verdict(0.0, "shape", True, False, False, False,
+                       f"returned {len(answer)} tensor(s), the contract asks for {len(expected)}")
+    for i, (a, e) in enumerate(zip(answer, expected)):
+        verdict = grade(a, e)
+        where = f"output {i}: " if len(expected) > 1 else ""
+        if verdict.score == 1.0 and a.dtype != e.dtype:
+            verdict = Verdict(0.0, "dtype", True, True, False, False, f"dtype {a.dtype} != expected {e.dtype}")
+        if verdict.score != 1.0:
+            return Verdict(0.0, verdict.kind, True, verdict.shape_match, verdict.dtype_match, False,
+                           where + verdict.reason)
+    return Verdict(1.0, "pass", True, True, True, True, "match")

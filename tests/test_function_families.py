@@ -5,6 +5,7 @@ recompute, each listed wrong implementation fails some case, and rows are byte-i
 import pytest
 import torch
 
+from ptenv.grader import grade_outputs
 from ptenv.tasks import functions
 from ptenv.tasks.rows import dumps_rows, parse_row
 from ptenv.tasks.tiers import FUNCTION_TIERS
@@ -34,7 +35,7 @@ def test_hidden_sets_pass_the_gates_for_many_keys(family):
         for name, args, expected in cases:
             assert set(args) == set(family.params), name
             outputs = functions.as_outputs(functions.call(family.reference, family.name, args))
-            assert functions.grade_output(outputs, expected).score == 1.0  # deterministic
+            assert grade_outputs(outputs, expected).score == 1.0  # deterministic
             assert all(type(t) is torch.Tensor and torch.isfinite(t).all() for t in expected), name
 
 

@@ -1,25 +1,31 @@
 """The classic verifiers adapter (verifiers <= 0.3.1): PyTorchEnv on SandboxEnv, host-side grading in post_rollout."""
 
 import json
+import secrets
 
 import verifiers as vf
 from datasets import Dataset
 from verifiers.envs.sandbox_env import SandboxEnv
 
-from ptenv.env.prompt import SYSTEM_PROMPT
-from ptenv.host import rollout, tool_input, transports
+from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
+from ptenv.host import answer, rollout, tool_input, transports
 from ptenv.inside.protocol import model_text
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
-from ptenv.tasks.tiers import check_num_eval_examples
+from ptenv.tasks import functions
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
+from ptenv.tasks.tiers import check_num_eval_examples, find_family
 from ptenv.env.versions import versions
 
 
 class PyTorchEnv(SandboxEnv):
     """SandboxEnv with a persistent `execute_code` session and host-side grading in post_rollout."""
 
-    def __init__(self, tasks, transport: transports.Transport, **kwargs):
+    def __init__(self, tasks, transport: transports.Transport, hidden: functions.HiddenCases, partial_credit: bool,
+                 **kwargs):
         self.tasks = {task.task_id: task for task in tasks}  # expected outputs stay in host memory
         self.transport = transport
+        self.hidden = hidden  # function tasks' hidden cases, drawn on the host from a secret
+        self.partial_credit = partial_credit
         super().__init__(
             start_command=None,  # the transport's request says how a sandbox starts
             timeout_per_command_seconds=transport.command_timeout,
@@ -78,13 +84,24 @@ class PyTorchEnv(SandboxEnv):
         if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
             outcome = rollout.harness_failure(f"the rollout failed: {rollout.error_chain(state['error'])}")
         else:
-            expected = self.tasks[state["info"]["task_id"]].expected
-            outcome = await rollout.score(self.transport.call, state["sandbox_id"], expected, self.transport.command_timeout)
+            outcome = await self.grade(self.tasks[state["info"]["task_id"]], state)
             if outcome.scoring_error is not None:
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
                 state["error"] = vf.SandboxError(outcome.scoring_error)
         state.update(outcome.as_state())
         state["info"].update(outcome.as_state())  # info is in every saved sample: the report reads it there
+
+    async def grade(self, task, state: vf.State) -> rollout.Outcome:
+        call, sandbox_id = self.transport.call, state["sandbox_id"]
+        if task.kind == "result":
+            return await rollout.score(call, sandbox_id, task.expected, self.transport.command_timeout)
+        try:
+            cases = self.hidden.of(find_family(task.family)[1], task.seed)
+        except Exception as e:  # a family that cannot draw its cases is the harness's failure
+            return rollout.harness_failure(f"drawing the hidden cases failed: {rollout.one_line(e)}")
+        source = answer.function_source(answer.final_message(state["completion"]), task.function)
+        return await rollout.score_function(call, sandbox_id, source, task.function, cases, self.transport.limits,
+                                            self.partial_credit)
 
     @vf.teardown
     async def teardown_sandboxes(self):
@@ -110,6 +127,10 @@ async def harness_error(state) -> float:
     return float(state["scoring_error"] is not None)
 
 
+async def hidden_pass_fraction(state) -> float:
+    return float(state.get("hidden_pass_fraction") or 0.0)
+
+
 def as_dataset(tasks) -> Dataset:
     stamp = versions()
     return Dataset.from_list([
@@ -129,24 +150,29 @@ def load_environment(
     num_train_examples: int = -1,
     num_eval_examples: int = 0,
     seed: int = 0,
+    kind: str = "result",
+    level: int = 1,
+    hidden_cases: int = DEFAULT_HIDDEN_CASES,
+    partial_credit: bool = False,
     **kwargs,
 ) -> vf.Environment:
     check_num_eval_examples(num_eval_examples, split)
-    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed)
+    check_function_arguments(hidden_cases, partial_credit)
+    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed, kind=kind, level=level)
     # The held-out test split as the eval dataset, so a trainer's validation is not its training set.
-    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples") \
+    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples", kind, level) \
         if num_eval_examples else []
     diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
-    rubric = vf.Rubric(
-        funcs=[correctness, *diagnostics, harness_error],
-        weights=[1.0] + [0.0] * (len(diagnostics) + 1),
-    )
+    metrics = [*diagnostics, harness_error] + ([hidden_pass_fraction] if kind == "function" else [])
+    rubric = vf.Rubric(funcs=[correctness, *metrics], weights=[1.0] + [0.0] * len(metrics))
     return PyTorchEnv(
         tasks + eval_tasks,
         transports.create(sandbox),
+        functions.HiddenCases(secrets.token_hex(16), hidden_cases),
+        partial_credit,
         dataset=as_dataset(tasks),
         eval_dataset=as_dataset(eval_tasks) if eval_tasks else None,
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=SYSTEM_PROMPT if kind == "result" else FUNCTION_SYSTEM_PROMPT,
         rubric=rubric,
         max_turns=max_turns,
         **kwargs,

@@ -4,6 +4,7 @@ parsers of the documents they answer with:
     preload {"inputs": JSON text of {name: encoded tensor}}   fresh namespace, inputs loaded
     exec    {"code": the cell's source}                       run one cell
     result  {}                                                encode `result`
+    hidden  a function task's hidden phase (ptenv.host.hidden)
 
 The sandbox is hostile: every reply is checked here and never trusted to be well formed.
 """

@@ -41,7 +41,7 @@ from prime_sandboxes import (
 
 from ptenv.inside import cgroups
 from ptenv import inside
-from ptenv.inside.protocol import FRAME, Limits, one_line, recv_frame, recv_frame_async
+from ptenv.inside.protocol import FRAME, REPLY_KEYS, Limits, one_line, recv_frame, recv_frame_async
 
 START_TIMEOUT = 60.0  # fork server start (imports torch)
 CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
@@ -261,10 +261,10 @@ class LocalSandboxClient:
             raise not_running(box) from None
 
     async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
-        """The harness's own request `op` (exec, preload, result: see ptenv.inside.supervisor) and
+        """The harness's own request `op` (exec, preload, result, hidden: see ptenv.inside.supervisor) and
         its reply document, on a channel the model's commands never reach."""
         reply = await self._request(sandbox_id, {"op": op, **fields}, timeout)
-        doc = reply.get("result" if op == "result" else "cell")
+        doc = reply.get(REPLY_KEYS.get(op, "cell"))
         if not isinstance(doc, dict):
             box = self._boxes[sandbox_id]
             self._stop(box, "it sent a malformed reply")

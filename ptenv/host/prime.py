@@ -21,7 +21,7 @@ from prime_sandboxes import CreateSandboxRequest, StartCommand
 from ptenv import inside
 from ptenv.host import commands
 from ptenv.host.commands import ProtocolError
-from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, one_line
+from ptenv.inside.protocol import MAX_FRAME, MAX_RESULT_REPLY, Limits, one_line
 
 IMAGE = "python:3.11-slim"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -61,7 +61,7 @@ def caller(client, limits: Limits):
         reply = await client.execute_command(sandbox_id, session_command(op, {**fields, "timeout": timeout}), timeout=timeout)
         if reply.exit_code != 0:
             raise ProtocolError(f"`ptenv-session {op}` exited with {reply.exit_code}: {one_line(reply.stderr)}")
-        cap = MAX_RESULT_REPLY if op == "result" else limits.cell_reply_cap
+        cap = {"result": MAX_RESULT_REPLY, "hidden": MAX_FRAME}.get(op, limits.cell_reply_cap)
         return commands.load_reply(reply.stdout, cap, op, ProtocolError)
 
     return call

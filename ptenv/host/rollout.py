@@ -7,12 +7,12 @@ no scoring_error); a sandbox that does not answer as the protocol says is the ha
 (0.0 with a one-line scoring_error).
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from ptenv.grader import Verdict, grade, invalid_result
-from ptenv.host import commands
+from ptenv.host import commands, hidden
 from ptenv.host.commands import ProtocolError, one_line
 from ptenv.inside.protocol import Limits
 
@@ -21,9 +21,13 @@ from ptenv.inside.protocol import Limits
 class Outcome:
     verdict: Verdict
     scoring_error: str | None
+    hidden_pass_fraction: float | None = None  # function tasks: the fraction of hidden cases passed
 
     def as_state(self) -> dict:
-        return {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
+        state = {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
+        if self.hidden_pass_fraction is not None:
+            state["hidden_pass_fraction"] = self.hidden_pass_fraction
+        return state
 
 
 async def preload(call, sandbox_id: str, inputs: dict[str, torch.Tensor], timeout: float, limits: Limits) -> None:
@@ -53,6 +57,28 @@ async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -
     except Exception as e:
         return harness_failure(f"the result reply is unusable: {one_line(e)}")
     return Outcome(grade(answer, expected), None)
+
+
+async def score_function(call, sandbox_id: str, source: str | None, name: str, cases: list, limits: Limits,
+                         partial_credit: bool) -> Outcome:
+    """Run the answer's function on the hidden cases [(class, arguments, reference outputs)] in the
+    sandbox and grade each on the host. Never raises."""
+    if source is None:
+        reason = f"no ```python block defining `{name}` in the final message"
+        return Outcome(Verdict(0.0, "no_result", False, False, False, False, reason), None, 0.0)
+    timeout = limits.cell_timeout + len(cases) * (hidden.CALL_LIMIT + limits.grace) + limits.grace
+    try:
+        doc = await call(sandbox_id, "hidden", hidden.fields(source, name, [args for _, args, _ in cases]), timeout)
+    except Exception as e:
+        return harness_failure(f"the hidden phase failed: {type(e).__name__}: {one_line(e)}")
+    try:
+        results, protected = hidden.parse_reply(doc, len(cases))
+    except Exception as e:
+        return harness_failure(f"the hidden-phase reply is unusable: {one_line(e)}")
+    verdict, fraction = hidden.verdict(results, [c for c, _, _ in cases], [e for _, _, e in cases], partial_credit)
+    if not protected:
+        verdict = replace(verdict, reason=verdict.reason + " (ran with less protection: new processes were not refused)")
+    return Outcome(verdict, None, fraction)
 
 
 def harness_failure(reason: str) -> Outcome:

@@ -3,9 +3,9 @@
 root may open, and prints the reply: the model's own commands run as the model's uid and cannot.
 Imports no torch, so a request costs an interpreter start and a round trip.
 
-    ptenv-session exec|preload|result|sh <base64 of the request's JSON fields, timeout included>
+    ptenv-session exec|preload|result|hidden|sh <base64 of the request's JSON fields, timeout included>
 
-exec, preload and result print the reply's document as JSON; sh answers as the shell did.
+exec, preload, result and hidden print the reply's document as JSON; sh answers as the shell did.
 """
 
 import base64
@@ -15,10 +15,10 @@ import os
 import socket
 import sys
 
-from ptenv.inside.protocol import recv_frame, send_frame
+from ptenv.inside.protocol import REPLY_KEYS, recv_frame, send_frame
 
 SOCKET = os.environ.get("PTENV_SESSION_SOCKET", "/run/ptenv.sock")
-OPS = ("exec", "preload", "result", "sh")
+OPS = ("exec", "preload", "result", "hidden", "sh")
 
 
 def main(args: list[str]) -> int:
@@ -46,7 +46,7 @@ def main(args: list[str]) -> int:
         print(f"ptenv-session: {reply['error']}", file=sys.stderr)
         return 70
     if request["op"] != "sh":
-        print(json.dumps(reply["result" if request["op"] == "result" else "cell"]))
+        print(json.dumps(reply[REPLY_KEYS.get(request["op"], "cell")]))
         return 0
     if reply.get("timed_out"):
         sys.stderr.write(f"[killed: the command ran past its {request['timeout']:g} s limit]\n")

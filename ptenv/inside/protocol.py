@@ -18,6 +18,12 @@ MAX_RESULT_BYTES = 64 << 20  # the largest tensor `result` may hold (the codec's
 # A result reply carries the tensor's bytes in base64 plus a little JSON around them.
 MAX_RESULT_REPLY = (MAX_RESULT_BYTES + 2) // 3 * 4 + 4096
 MAX_FRAME = MAX_RESULT_REPLY + 4096  # a supervisor's reply to the host: one result reply, wrapped
+# A function task's hidden phase (judge.py): at most this many cases per rollout, outputs per call,
+# and bytes of one encoded output; so a hidden-phase reply stays under MAX_FRAME.
+MAX_HIDDEN_CASES = 32
+MAX_HIDDEN_OUTPUTS = 8
+HIDDEN_OUTPUT_CAP = 128 * 1024
+REPLY_KEYS = {"result": "result", "hidden": "hidden"}  # the key of a reply's document, by request; others: "cell"
 
 
 class FrameError(ValueError):

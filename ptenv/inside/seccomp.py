@@ -34,6 +34,7 @@ ARCHES = {
         "clone": 56, "clone3": 435, "memfd_create": 319, "shmget": 29,
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
+        "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -49,13 +50,14 @@ ARCHES = {
         "clone": 220, "clone3": 435, "memfd_create": 279, "shmget": 194,
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
+        "execve": 221, "execveat": 281,
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
-# it is allowed (otherwise EPERM): (argument index, EQUALS, NOT or NONE_OF (bits), value), on the
-# low 32 bits.
+# it is allowed (otherwise EPERM): (argument index, EQUALS, NOT, NONE_OF or SOME_OF (bits), value),
+# on the low 32 bits.
 EPERM, ENOSYS = "eperm", "enosys"
-EQUALS, NOT, NONE_OF = "equals", "not", "none of"
+EQUALS, NOT, NONE_OF, SOME_OF = "equals", "not", "none of", "some of"
 DENIED = (
     "unshare", "setns", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "perf_event_open", "userfaultfd", "bpf", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
@@ -66,10 +68,17 @@ DENIED = (
     "inotify_init", "inotify_init1", "fanotify_init",
 )
 # Calls of DENIED that a machine does not have at all (nothing to deny there).
-ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib", "inotify_init"}}
+ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib", "inotify_init", "fork", "vfork"}}
 # clone() flags that make a namespace; clone3 passes its flags in memory, which a filter cannot
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
+CLONE_THREAD = 0x00010000
+# A function task's judge (judge.py), on top of the sandbox filter: no new process and no new
+# program once the answer runs, so that only the process the supervisor started answers, and a
+# call's time limit, enforced by killing that process, ends everything the call did. Threads may
+# still start (clone with CLONE_THREAD; clone3 already answers ENOSYS).
+JUDGE_RULES = {"fork": EPERM, "vfork": EPERM, "execve": EPERM, "execveat": EPERM,
+               "clone": ((0, SOME_OF, CLONE_THREAD),)}
 PRIO_USER, IOPRIO_WHO_USER = 2, 3
 SUPERVISOR_PID = 1
 MODEL_RULES = {
@@ -126,7 +135,7 @@ def program(machine: str, rules: dict) -> list[tuple[int, int, int, int]]:
         prog.append((JEQ, 0, 2 * len(rule) + 1, numbers[name]))
         for arg, test, value in rule:
             prog.append((LD_W_ABS, 0, 0, OFFSET_ARGS + 8 * arg))
-            fails = {EQUALS: (JEQ, 0, EPERM), NOT: (JEQ, EPERM, 0), NONE_OF: (JSET, EPERM, 0)}[test]
+            fails = {EQUALS: (JEQ, 0, EPERM), NOT: (JEQ, EPERM, 0), NONE_OF: (JSET, EPERM, 0), SOME_OF: (JSET, 0, EPERM)}[test]
             prog.append((*fails, value))
         prog.append((RET, 0, 0, RET_ALLOW))
     prog.append((RET, 0, 0, RET_ALLOW))

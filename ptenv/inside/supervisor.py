@@ -20,11 +20,11 @@ import socket
 import subprocess
 import time
 
-from ptenv.inside import cgroups
+from ptenv.inside import cgroups, judge
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
 from ptenv.inside.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
-from ptenv.inside.protocol import MAX_RESULT_REPLY, Limits, cut_middle, model_text, one_line, recv_frame, send_frame, send_pieces
+from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, MAX_RESULT_REPLY, Limits, cut_middle, model_text, one_line, recv_frame, send_frame, send_pieces
 from ptenv.inside.interpreter import Interpreter
 
 MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
@@ -190,7 +190,8 @@ def invalid(reason: str) -> dict:
 
 
 # Each request's fields besides id, op and timeout.
-REQUESTS = {"sh": ("command", "cwd"), "exec": ("code",), "preload": ("inputs",), "result": ()}
+REQUESTS = {"sh": ("command", "cwd"), "exec": ("code",), "preload": ("inputs",), "result": (),
+            "hidden": ("source", "name", "cases", "call_limit")}
 
 
 class Supervisor:
@@ -212,6 +213,7 @@ class Supervisor:
         self.env = dict(os.environ)
         self.inputs = "{}"  # encoded inputs as JSON text; every fresh interpreter loads them
         self.interpreter = None
+        self.judges: dict[int, dict] = {}  # a function task's hidden-phase processes, by pid
         self.start_interpreter()
 
     # -- requests from the host
@@ -255,6 +257,10 @@ class Supervisor:
             return [json.dumps({"cell": self.exec_cell(request["code"], limit)}).encode()]
         if op == "preload":
             return [json.dumps({"cell": self.preload(request["inputs"], limit)}).encode()]
+        if op == "hidden":
+            cases = json.loads(request["cases"])
+            report = self.hidden(request["source"], request["name"], cases, float(request["call_limit"]), limit)
+            return [json.dumps({"hidden": report}).encode()]
         doc, data = self.read_result(limit)
         if not data:
             return [json.dumps({"result": doc}).encode()]
@@ -305,6 +311,12 @@ class Supervisor:
 
     def restart_interpreter(self) -> None:
         """Kill everything in the sandbox but us, then fork a fresh interpreter with the inputs."""
+        self.end_session()
+        self.start_interpreter()
+
+    def end_session(self) -> None:
+        """Kill the interpreter and everything the model started (in a container: the interpreter's
+        process group), and close our ends of its channels."""
         s = self.interpreter
         target = -1 if self.owns_pid_namespace else -s["pid"]
         deadline = time.monotonic() + self.limits.grace
@@ -324,11 +336,13 @@ class Supervisor:
         s["control"].close()
         for fd in (s["out"], s["err"], s["pidfd"]):
             os.close(fd)
-        self.start_interpreter()
 
     def interpreter_death(self) -> str | None:
         """Why the interpreter is gone, or None while it lives."""
-        s = self.interpreter
+        return self.death(self.interpreter)
+
+    def death(self, s: dict) -> str | None:
+        """Why a process of the model's (the interpreter, a judge) is gone, or None while it lives."""
         if not select.select([s["pidfd"]], [], [], 0)[0]:
             return None
         self.reap()
@@ -337,13 +351,16 @@ class Supervisor:
         return describe(s["status"]) if s["status"] is not None else "ended"
 
     def ask_interpreter(self, request: dict, limit: float, cap: int, capture: tuple[Capture, Capture] | None):
-        """Send a request and wait for the reply, all within limit + grace; returns
-        (reply | None, why there is none: None when the time ran out)."""
-        s = self.interpreter
+        return self.ask(self.interpreter, request, limit, cap, capture)
+
+    def ask(self, s: dict, request: dict | None, limit: float, cap: int, capture: tuple[Capture, Capture] | None):
+        """Send a request (None: send nothing) to a process of the model's and wait for the reply,
+        all within limit + grace; returns (reply | None, why there is none: None when the time ran out)."""
         deadline = time.monotonic() + limit + self.limits.grace
         try:
             s["control"].settimeout(limit + self.limits.grace)  # a wedged interpreter must not wedge us
-            send_frame(s["control"], json.dumps(request).encode())
+            if request is not None:
+                send_frame(s["control"], json.dumps(request).encode())
         except TimeoutError:
             return None, None
         except OSError:
@@ -375,9 +392,9 @@ class Supervisor:
                     return frame, None
                 # A dying process closes its sockets before it is done exiting: wait a moment.
                 select.select([s["pidfd"]], [], [], 1.0)
-                return None, self.interpreter_death() or "closed its control channel"
+                return None, self.death(s) or "closed its control channel"
             if s["pidfd"] in ready:
-                return None, self.interpreter_death() or "ended"
+                return None, self.death(s) or "ended"
             if self.over_memory():
                 return None, f"used more than its {self.limits.memory_mb} MiB of memory"
 
@@ -452,6 +469,113 @@ class Supervisor:
             self.restart_interpreter()
             return invalid(f"reading result failed: the interpreter {failure or 'ran past the time limit'}"), memoryview(b"")
         return result_doc(frame)
+
+    # -- a function task's hidden phase
+
+    def hidden(self, source: str, name: str, cases: list, call_limit: float, limit: float) -> dict:
+        """Run the answer's function on each hidden case in a judge (judge.py), each call within
+        `call_limit`: {"load": why the answer could not be loaded or None, "protected": whether the
+        judge could not start processes, "cases": one report per case}. A judge that times out, dies
+        or answers out of protocol is killed, that case is the model's failure, and a fresh judge
+        takes the next case."""
+        # Nothing the model left running may watch or touch the judges: the session is over.
+        self.end_session()
+        reports, process, load, protected = [], None, None, True
+        for case in cases:
+            if reports and reports[-1]["status"] == "timeout" or reports and reports[-1].get("skipped"):
+                # One time-out ends the phase: a hung answer costs one call's limit, not N of them.
+                reports.append({"status": "timeout", "reason": "not run: an earlier case ran past its limit",
+                                "skipped": True})
+                continue
+            if process is None:
+                process, load, protected = self.start_judge(source, name, limit)
+                if load is not None:
+                    break
+            report = self.judge_call(process, case, call_limit)
+            reports.append(report)
+            if report["status"] in ("timeout", "died"):
+                self.stop_judge(process)
+                process = None
+        for report in reports:
+            report.pop("skipped", None)
+        if process is not None:
+            self.stop_judge(process)
+        self.start_interpreter()  # a fresh session, so the sandbox still answers as before
+        return {"load": load, "protected": protected, "cases": reports}
+
+    def start_judge(self, source: str, name: str, limit: float) -> tuple[dict | None, str | None, bool]:
+        """Fork a judge from this process (torch imported, not the model's session); wait for it to
+        load the answer: (judge, why it could not or None, whether it could not start processes)."""
+        control, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self.channel.detach())
+                os.close(control.detach())
+                self.enter_model_side(SCRATCH)
+                close_fds_except({child_end.fileno()})
+                devnull = os.open("/dev/null", os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.setpgid(0, 0)
+                judge.serve(child_end, self.inputs, source, name)
+            finally:
+                os._exit(0)
+        child_end.close()
+        s = {"pid": pid, "status": None, "control": control, "pidfd": os.pidfd_open(pid)}
+        self.judges[pid] = s
+        frame, failure = self.ask(s, None, limit, SKELETON_CAP, None)
+        ready = bounded_loads(frame) if frame is not None else None
+        if isinstance(ready, dict) and ready.get("status") == "ready":
+            return s, None, ready.get("protected") is True
+        if isinstance(ready, dict) and ready.get("status") == "error" and isinstance(ready.get("reason"), str):
+            why = ready["reason"]
+        else:
+            why = f"the process loading it {failure or 'ran past the time limit'}" if frame is None \
+                else "the process loading it sent a malformed reply"
+        self.stop_judge(s)
+        return None, model_text(one_line(why, 300)), True  # no case ran: nothing was less protected
+
+    def judge_call(self, s: dict, case: dict, call_limit: float) -> dict:
+        """One hidden call's report: ok with the outputs, or error, invalid, timeout or died with a reason."""
+        frame, failure = self.ask(s, case, call_limit, SKELETON_CAP, None)
+        if frame is None:
+            if failure is None:
+                return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
+            return {"status": "died", "reason": model_text(one_line(failure, 200))}
+        head = bounded_loads(frame)
+        status = head.get("status") if isinstance(head, dict) else None
+        if status == "error" and isinstance(head.get("reason"), str):
+            return {"status": "error", "reason": model_text(one_line(head["reason"], 300))}
+        count = head.get("count") if status == "ok" else None
+        if type(count) is not int or not 1 <= count <= MAX_HIDDEN_OUTPUTS:
+            return {"status": "died", "reason": "the function's process sent a malformed reply"}
+        outputs, deadline = [], time.monotonic() + call_limit + self.limits.grace
+        for _ in range(count):
+            try:
+                frame = recv_frame(s["control"], HIDDEN_OUTPUT_CAP, deadline)
+            except TimeoutError:
+                return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
+            except (ValueError, OSError):
+                return {"status": "died", "reason": f"an output is over the {HIDDEN_OUTPUT_CAP}-byte cap"}
+            doc, data = result_doc(frame) if frame is not None else (invalid("the reply ended early"), b"")
+            if doc["status"] != "ok":
+                return {"status": "died", "reason": doc.get("reason", "an output is missing")}
+            outputs.append({**doc["result"], "data": bytes(data).decode("ascii")})
+        return {"status": "ok", "outputs": outputs}
+
+    def stop_judge(self, s: dict) -> None:
+        """Kill a judge (and, where seccomp could not stop it, what it started: its process group)."""
+        for kill in (lambda: signal.pidfd_send_signal(s["pidfd"], signal.SIGKILL), lambda: os.killpg(s["pid"], signal.SIGKILL)):
+            try:
+                kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+        select.select([s["pidfd"]], [], [], self.limits.grace)  # bounded: a D-state judge is reaped later
+        self.reap()
+        s["control"].close()
+        os.close(s["pidfd"])
+        self.judges.pop(s["pid"], None)
 
     # -- shell commands
 
@@ -542,10 +666,13 @@ class Supervisor:
             self.reap()  # orphans are ours; the interpreter reaps its own children
 
     def reap(self) -> None:
-        """As PID 1 we inherit every orphan: reap them all, remembering how the interpreter ended."""
+        """As PID 1 we inherit every orphan: reap them all, remembering how the interpreter and the
+        judges ended."""
         for pid, status in exited_children():
             if pid == self.interpreter["pid"]:
                 self.interpreter["status"] = status
+            elif pid in self.judges:
+                self.judges[pid]["status"] = status
 
 
 def serve(socket_path: str, limits: Limits) -> None:

@@ -24,7 +24,8 @@ from typing import Callable
 
 import torch
 
-from ptenv.grader import Verdict, grade
+from ptenv.grader import grade_outputs
+from ptenv.inside.protocol import MAX_HIDDEN_CASES
 from ptenv.tasks.families import generator, seeded
 from ptenv.tasks.rows import make_function_row
 
@@ -32,6 +33,13 @@ LEVELS = (1, 2)
 DEFAULT_HIDDEN_CASES = 8
 MAX_DRAWS = 20
 Args = dict  # keyword arguments of one call: tensors, and ints, floats, bools, strings, None or lists of ints
+
+
+def check_function_arguments(hidden_cases, partial_credit) -> None:
+    if type(hidden_cases) is not int or not 1 <= hidden_cases <= MAX_HIDDEN_CASES:
+        raise ValueError(f"hidden_cases must be an integer from 1 to {MAX_HIDDEN_CASES}, got {hidden_cases!r}")
+    if type(partial_credit) is not bool:
+        raise ValueError(f"partial_credit must be true or false, got {partial_credit!r}")
 
 
 @dataclass(frozen=True)
@@ -125,23 +133,6 @@ def float64_args(args: Args) -> Args:
     return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
 
 
-def grade_output(answer: list, expected: list[torch.Tensor]) -> Verdict:
-    """The function's outputs (a tensor, or a tuple of them) against the reference's. Unlike a
-    `result`, each must have the reference's exact dtype: the contract states it."""
-    if len(answer) != len(expected):
-        return Verdict(0.0, "shape", True, False, False, False,
-                       f"returned {len(answer)} tensor(s), the contract asks for {len(expected)}")
-    for i, (a, e) in enumerate(zip(answer, expected)):
-        verdict = grade(a, e)
-        where = f"output {i}: " if len(expected) > 1 else ""
-        if verdict.score == 1.0 and a.dtype != e.dtype:
-            verdict = Verdict(0.0, "dtype", True, True, False, False, f"dtype {a.dtype} != expected {e.dtype}")
-        if verdict.score != 1.0:
-            return Verdict(0.0, verdict.kind, True, verdict.shape_match, verdict.dtype_match, False,
-                           where + verdict.reason)
-    return Verdict(1.0, "pass", True, True, True, True, "match")
-
-
 def as_outputs(value) -> list:
     """A function's return value as the list of its outputs (a tuple's items, or the one value)."""
     return list(value) if isinstance(value, tuple) else [value]
@@ -185,7 +176,7 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     for name, args in cases:
         expected = as_outputs(call(family.reference, family.name, args))
         recomputed = as_outputs(call(family.reference, family.name, float64_args(args)))
-        verdict = grade_output([r.to(e.dtype) for r, e in zip(recomputed, expected)], expected)
+        verdict = grade_outputs([r.to(e.dtype) for r, e in zip(recomputed, expected)], expected)
         if verdict.score != 1.0:
             problems.append(f"{name}: float64 recompute: {verdict.reason}")
         graded.append((name, args, expected))
@@ -197,6 +188,6 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
 
 def passes(source: str, name: str, args: Args, expected: list[torch.Tensor]) -> bool:
     try:
-        return grade_output(as_outputs(call(source, name, args)), expected).score == 1.0
+        return grade_outputs(as_outputs(call(source, name, args)), expected).score == 1.0
     except Exception:
         return False

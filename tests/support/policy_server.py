@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ptenv.tasks.rows import read_jsonl
 from tests.support.hostile import hostile_cell
+from tests.support.hostile_functions import answer_for
 
 BUNDLED_ROWS = Path(__file__).resolve().parents[2] / "train.jsonl"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -111,9 +112,12 @@ def malformed_policy(row, messages, tools) -> dict:
 
 
 def reference_policy(row, messages, tools) -> dict:
-    """One execute_code call with the task's reference solution, then a short final message."""
+    """One execute_code call with the task's reference solution, then a short final message; for a
+    function task, the reference function in the final message, with no tool call."""
     if row is None:
         return _say("reference policy: no task in the dataset has this question.")
+    if row["info"].get("kind") == "function":
+        return _say(f"Here it is:\n```python\n{row['info']['reference_solution']}```\n")
     if any(m.get("role") == "tool" for m in messages):
         return _say("Done: `result` holds the answer.")
     if "execute_code" not in _tool_names(tools):
@@ -139,7 +143,17 @@ def hostile_policy(row, messages, tools) -> dict:
     return _call("execute_code", {"code": cell})
 
 
-POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy}
+def function_hostile_policy(row, messages, tools) -> dict:
+    """For a function task: a final message whose code block plays one hostile answer
+    (tests/support/hostile_functions.py), chosen by the task's position."""
+    if row is None or row["info"].get("kind") != "function":
+        return _say("function_hostile policy: not a function task.")
+    name, source = answer_for(row["position"], row["info"]["function"])
+    return _say(f"Playing {name}:\n```python\n{source}```\n")
+
+
+POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy,
+            "function_hostile": function_hostile_policy}
 
 
 # --- wire format -------------------------------------------------------------------------------

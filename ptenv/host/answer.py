@@ -1,0 +1,37 @@
+"""Where a function task's answer is: the one rule, stated in the system prompt and applied on both
+verifiers lines and on every transport. The answer is the last fenced Python code block of the
+model's final message that defines the function (`def <name>(`); code run in the session does not
+count, so a model that never calls a tool can still answer."""
+
+import re
+
+FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def function_source(message, name: str) -> str | None:
+    """The answer's source in a final message (its text, or a list of content parts), or None."""
+    text = message_text(message)
+    for block in reversed(FENCE.findall(text)):
+        if re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", block, re.MULTILINE):
+            return block
+    return None
+
+
+def message_text(content) -> str:
+    """A message's text: a string, or the text parts of an OpenAI-style content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict)
+                         and isinstance(part.get("text"), str))
+    return ""
+
+
+def final_message(messages) -> str:
+    """The text of the last assistant message of a completion (a list of chat messages)."""
+    for message in reversed(messages if isinstance(messages, list) else []):
+        role = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+        if role == "assistant":
+            content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+            return message_text(content)
+    return ""

@@ -1,0 +1,93 @@
+"""The judge: the process of a function task's hidden phase. The supervisor forks it (torch already
+imported, not the model's live session), as the model, after the rollout's last turn; it runs the
+answer's source once, then calls the function on each hidden case the supervisor sends, and sends
+back each call's outputs, encoded.
+
+It is the model's. The answer runs in this process and may patch anything here, so the supervisor
+reads every reply as the model's answer (bounded, checked, its time limit enforced from outside by
+a kill), and the host decodes and grades the outputs itself. Before the answer runs, a seccomp
+filter refuses new processes and programs: the one process the supervisor started is the only one
+that can answer.
+"""
+
+import ctypes
+import json
+import os
+import traceback
+
+import torch
+
+from ptenv.inside import codec, seccomp
+from ptenv.inside.protocol import MAX_HIDDEN_OUTPUTS, one_line, recv_frame, send_frame
+from ptenv.inside.namespace import new_namespace
+from ptenv.inside.syscalls import libc
+
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def refuse_new_processes() -> bool:
+    """Deny fork, vfork, clone without CLONE_THREAD, and exec, to this process from now on; False
+    where seccomp cannot be had (the supervisor then says the ban ran with less protection)."""
+    try:
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return False
+        seccomp.install(seccomp.JUDGE_RULES)
+        return True
+    except (OSError, AttributeError, ctypes.ArgumentError):
+        return False
+
+
+def serve(control, inputs: str, source: str, name: str) -> None:
+    """Load the answer, say whether it defines `name`, then answer one call per request until the
+    channel closes. Every reference used after the answer runs is taken before it does."""
+    dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
+    recv, send, decode, encode, Tensor = recv_frame, send_frame, codec.decode, codec.encode, torch.Tensor
+    tuple_, type_ = tuple, type
+    protected = refuse_new_processes()
+    try:
+        examples = {k: decode(v) for k, v in loads(inputs).items()}
+        namespace = new_namespace(examples)
+        exec(compile(source, "<answer>", "exec"), namespace)
+        function = namespace.get(name)
+        if not callable(function):
+            raise NameError(f"the answer does not define a function `{name}`")
+        send(control, dumps({"status": "ready", "protected": protected}).encode())
+    except BaseException as e:
+        send(control, dumps({"status": "error", "reason": describe(e)}).encode())
+        return
+    while True:
+        frame = recv(control)
+        if frame is None or getpid() != me:
+            return
+        try:
+            args = {k: decode(v["tensor"]) if "tensor" in v else v["value"] for k, v in loads(frame).items()}
+            value = function(**args)
+            outputs = list(value) if type_(value) is tuple_ else [value]
+            if len(outputs) > MAX_HIDDEN_OUTPUTS:
+                raise ValueError(f"returned {len(outputs)} values; at most {MAX_HIDDEN_OUTPUTS} are read")
+            for i, output in enumerate(outputs):
+                if type_(output) is not Tensor:
+                    raise TypeError(f"returned a {type_(output).__name__}, not a torch.Tensor"
+                                    + (f" (item {i})" if len(outputs) > 1 else ""))
+                if output.is_meta:
+                    raise TypeError("returned a meta tensor")
+            replies = [dumps({"status": "ok", "count": len(outputs)}).encode()]
+            replies += [dumps({"status": "ok", "result": encode(output)}).encode() for output in outputs]
+        except BaseException as e:
+            replies = [dumps({"status": "error", "reason": describe(e)}).encode()]
+        if getpid() != me:
+            return  # a process the answer made (where seccomp could not stop it) never answers
+        for reply in replies:
+            send(control, reply)
+
+
+def describe(e: BaseException) -> str:
+    """One line: the exception and the answer's line that raised it."""
+    try:
+        where = ""
+        for frame in traceback.extract_tb(e.__traceback__):
+            if frame.filename == "<answer>":
+                where = f" (answer line {frame.lineno})"
+        return one_line(f"{type(e).__name__}: {e}{where}", 300)
+    except BaseException:
+        return "an exception whose message could not be formatted"
