@@ -265,6 +265,9 @@ LOG_SOFTMAX = FunctionFamily(
         "last_dim_always":
             "def log_softmax(x, dim):\n"
             "    return torch.log_softmax(x, dim=-1)\n",
+        "logsumexp_rounded":
+            "def log_softmax(x, dim):\n"
+            "    return x - torch.logsumexp(x, dim, keepdim=True)\n",
     },
     hint="`torch.log_softmax`.",
 )
@@ -370,6 +373,12 @@ CROSS_ENTROPY = FunctionFamily(
             "def cross_entropy(logits, target, ignore_index):\n"
             "    t = target.clamp(min=0)\n"
             "    return -torch.log_softmax(logits, 1).gather(1, t[:, None]).squeeze(1)\n",
+        "logsumexp_rounded":
+            "def cross_entropy(logits, target, ignore_index):\n"
+            "    keep = target != ignore_index\n"
+            "    t = torch.where(keep, target, 0)\n"
+            "    loss = torch.logsumexp(logits, 1) - logits.gather(1, t[:, None]).squeeze(1)\n"
+            "    return torch.where(keep, loss, torch.zeros_like(loss))\n",
     },
     hint="`torch.nn.functional.cross_entropy` with `ignore_index` and `reduction='none'`.",
 )
