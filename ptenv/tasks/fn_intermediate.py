@@ -100,9 +100,9 @@ def _pairwise(g, n=None, d=None, shared=False, dtype=torch.float32):
     n = randint(g, 3, 6) if n is None else n
     m, d = randint(g, 2, 5), randint(g, 2, 5) if d is None else d
     a, b = normal(g, n, d, dtype=dtype), normal(g, m, d, dtype=dtype)
-    if shared:
-        for j in torch.randperm(m, generator=g)[: randint(g, 1, min(m, n))].tolist():
-            b[j] = a[randint(g, 0, n - 1)]
+    if shared:  # exact copies, and near copies (about 1e-3 away)
+        for j in torch.randperm(m, generator=g)[: randint(g, 2, min(m, n, 3))].tolist():
+            b[j] = a[randint(g, 0, n - 1)] + (normal(g, d, scale=1e-3, dtype=dtype) if randint(g, 0, 1) else 0.0)
     return {"a": a, "b": b}
 
 
@@ -111,12 +111,12 @@ PAIRWISE_DISTANCE = FunctionFamily(
     "`a` is a float tensor of shape (N, D) and `b` one of shape (M, D), of one dtype (float32 or float64; N >= 0, "
     "M >= 1, D >= 1). Return the tensor of shape (N, M) and the dtype of `a` whose entry `[i, j]` is the Euclidean "
     "distance `sqrt(sum over k of (a[i, k] - b[j, k]) ** 2)` between row `i` of `a` and row `j` of `b` (the distance, "
-    "not its square). Rows of `b` may be exact copies of rows of `a`: their distance is 0 (to within 1e-7, so the "
-    "expansion `|a|^2 + |b|^2 - 2 a.b`, whose rounding leaves about 1e-4 after the square root, is not accurate "
-    "enough). When N is 0 the result has shape (0, M).",
+    "not its square). Rows of `b` may be exact copies of rows of `a` (distance 0) or near copies (about 0.001 away): "
+    "the result must be accurate to the dtype's rounding there too, so the expansion `|a|^2 + |b|^2 - 2 a.b`, "
+    "whose rounding error survives the square root as about 1e-4, is not accurate enough. When N is 0 the result has shape (0, M).",
     (
         Case("typical", "the Euclidean distance", lambda g: _pairwise(g)),
-        Case("shared rows", "exact copies of rows", lambda g: _pairwise(g, shared=True)),
+        Case("copied rows", "exact copies of rows", lambda g: _pairwise(g, shared=True)),
         Case("empty a", "When N is 0", lambda g: _pairwise(g, n=0)),
         Case("one feature", "D >= 1", lambda g: _pairwise(g, d=1, shared=True)),
         Case("float64 input", "float32 or float64", lambda g: _pairwise(g, shared=True, dtype=torch.float64)),
@@ -341,13 +341,20 @@ CAUSAL_ATTENTION = FunctionFamily(
 )
 
 
+def _away_from_zero(g, c, dtype):
+    """Biases of either sign larger than a normalised value times the weight, so that no output of a
+    normalisation cancels to near 0, where another correct float32 order of operations would differ
+    from the reference by more than the tolerance."""
+    return uniform(g, 3.0, 4.0, c, dtype=dtype) * torch.where(torch.rand(c, generator=g) < 0.5, -1, 1).to(dtype)
+
+
 def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
     n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
     length = randint(g, 2, 5) if length is None else length
     shape = (n, c, length) if rank == 3 else (n, c)
     return {"x": (normal(g, *shape, scale=2.0) + 0.5).to(dtype),
-            "weight": uniform(g, 0.5, 1.5, c, dtype=dtype) if affine else None,
-            "bias": normal(g, c, dtype=dtype) if affine else None,
+            "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
+            "bias": _away_from_zero(g, c, dtype) if affine else None,
             "running_mean": normal(g, c, scale=0.3, dtype=dtype), "running_var": uniform(g, 0.5, 2.0, c, dtype=dtype),
             "momentum": pick(g, [0.1, 0.2, 0.05]), "eps": pick(g, [1e-5, 1e-3])}
 
@@ -411,9 +418,9 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     groups = randint(g, 2, 4) if groups == "C" else groups
     c = groups * per
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
-    x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial))
-    return {"x": x.to(dtype), "groups": groups, "weight": uniform(g, 0.5, 1.5, c, dtype=dtype) if affine else None,
-            "bias": normal(g, c, dtype=dtype) if affine else None, "eps": pick(g, [1e-5, 1e-3])}
+    x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
+    return {"x": x.to(dtype), "groups": groups, "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
+            "bias": _away_from_zero(g, c, dtype) if affine else None, "eps": pick(g, [1e-5, 1e-3])}
 
 
 GROUP_NORM = FunctionFamily(
