@@ -419,12 +419,12 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     c = groups * per
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
     x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
-    return {"x": x.to(dtype), "groups": groups, "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
-            "bias": _away_from_zero(g, c, dtype) if affine else None, "eps": pick(g, [1e-5, 1e-3])}
+    return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
+            "bias": _away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
 
 
 GROUP_NORM = FunctionFamily(
-    "nn_modules/group_norm_fn", "group_norm", ("x", "groups", "weight", "bias", "eps"),
+    "nn_modules/group_norm_fn", "group_norm", ("x", "weight", "bias", "groups", "eps"),
     "`x` is a float tensor of shape (N, C, *) with any number of trailing (spatial) dimensions, including none "
     "(float32 or float64; N, C >= 1); `groups` a positive int dividing C; `weight` and `bias` tensors of shape (C,) "
     "of the dtype of `x`, or both None (no affine: weight 1, bias 0); `eps` > 0 a Python float. Group normalisation: "
@@ -442,11 +442,11 @@ GROUP_NORM = FunctionFamily(
         Case("no affine", "both None", lambda g: _groupnorm(g, affine=False, spatial=(randint(g, 3, 6),))),
         Case("float64 input", "float32 or float64", lambda g: _groupnorm(g, dtype=torch.float64)),
     ),
-    "def group_norm(x, groups, weight, bias, eps):\n"
+    "def group_norm(x, weight, bias, groups, eps):\n"
     "    return torch.nn.functional.group_norm(x, groups, weight, bias, eps=eps)\n",
     wrong={
         "interleaved_groups":
-            "def group_norm(x, groups, weight, bias, eps):\n"
+            "def group_norm(x, weight, bias, groups, eps):\n"
             "    n, c = x.shape[:2]\n"
             "    t = x.reshape(n, c // groups, groups, -1).transpose(1, 2).reshape(n, groups, -1)\n"
             "    t = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, correction=0, keepdim=True) + eps)\n"
@@ -454,7 +454,7 @@ GROUP_NORM = FunctionFamily(
             "    shape = (1, c) + (1,) * (x.dim() - 2)\n"
             "    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n",
         "unbiased_variance":
-            "def group_norm(x, groups, weight, bias, eps):\n"
+            "def group_norm(x, weight, bias, groups, eps):\n"
             "    n, c = x.shape[:2]\n"
             "    t = x.reshape(n, groups, -1)\n"
             "    t = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, keepdim=True).nan_to_num(0.0) + eps)\n"
@@ -462,7 +462,7 @@ GROUP_NORM = FunctionFamily(
             "    y = t.reshape(x.shape)\n"
             "    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n",
         "per_channel":
-            "def group_norm(x, groups, weight, bias, eps):\n"
+            "def group_norm(x, weight, bias, groups, eps):\n"
             "    return torch.nn.functional.group_norm(x, x.shape[1], weight, bias, eps=eps)\n",
     },
     hint="reshape to (N, groups, -1) for the statistics, or `torch.nn.functional.group_norm`.",
