@@ -3,7 +3,7 @@ over any valid input, with the edge cases their result forms avoid."""
 
 import torch
 
-from ptenv.tasks.families import normal, randint, uniform
+from ptenv.tasks.families import normal, pick, randint, uniform
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
@@ -92,4 +92,538 @@ MASKED_SOFTMAX = FunctionFamily(
     hint="subtract each row's largest allowed value before `torch.exp`.",
 )
 
-FAMILIES = [SEGMENT_MEAN, MASKED_SOFTMAX]
+
+# ---------------------------------------------------------------- the intermediate result families
+
+
+def _pairwise(g, n=None, d=None, shared=False, dtype=torch.float32):
+    n = randint(g, 3, 6) if n is None else n
+    m, d = randint(g, 2, 5), randint(g, 2, 5) if d is None else d
+    a, b = normal(g, n, d, dtype=dtype), normal(g, m, d, dtype=dtype)
+    if shared:  # exact copies, and near copies (about 1e-3 away)
+        for j in torch.randperm(m, generator=g)[: randint(g, 2, min(m, n, 3))].tolist():
+            b[j] = a[randint(g, 0, n - 1)] + (normal(g, d, scale=1e-3, dtype=dtype) if randint(g, 0, 1) else 0.0)
+    return {"a": a, "b": b}
+
+
+PAIRWISE_DISTANCE = FunctionFamily(
+    "tensor_ops/pairwise_distance_fn", "pairwise_distance", ("a", "b"),
+    "`a` is a float tensor of shape (N, D) and `b` one of shape (M, D), of one dtype (float32 or float64; N >= 0, "
+    "M >= 1, D >= 1). Return the tensor of shape (N, M) and the dtype of `a` whose entry `[i, j]` is the Euclidean "
+    "distance `sqrt(sum over k of (a[i, k] - b[j, k]) ** 2)` between row `i` of `a` and row `j` of `b` (the distance, "
+    "not its square). Rows of `b` may be exact copies of rows of `a` (distance 0) or near copies (about 0.001 away): "
+    "the result must be accurate to the dtype's rounding there too, so the expansion `|a|^2 + |b|^2 - 2 a.b`, "
+    "whose rounding error survives the square root as about 1e-4, is not accurate enough. When N is 0 the result has shape (0, M).",
+    (
+        Case("typical", "the Euclidean distance", lambda g: _pairwise(g)),
+        Case("copied rows", "exact copies of rows", lambda g: _pairwise(g, shared=True)),
+        Case("empty a", "When N is 0", lambda g: _pairwise(g, n=0)),
+        Case("one feature", "D >= 1", lambda g: _pairwise(g, d=1, shared=True)),
+        Case("float64 input", "float32 or float64", lambda g: _pairwise(g, shared=True, dtype=torch.float64)),
+    ),
+    "def pairwise_distance(a, b):\n"
+    "    return ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1).sqrt()\n",
+    wrong={
+        "squared":
+            "def pairwise_distance(a, b):\n"
+            "    return ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)\n",
+        "expansion":
+            "def pairwise_distance(a, b):\n"
+            "    sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T\n"
+            "    return sq.clamp(min=0).sqrt()\n",
+    },
+    hint="broadcast `a[:, None, :] - b[None, :, :]`, or `torch.cdist`.",
+)
+
+
+def _topk(g, *, ties=False, k=None, dtype=torch.float32):
+    r, c = randint(g, 2, 4), randint(g, 5, 8)
+    if dtype == torch.int64:
+        x, fill = torch.randint(-4, 5, (r, c), generator=g), pick(g, [-1, 0, -9])
+    elif ties:
+        x, fill = (torch.randint(-3, 4, (r, c), generator=g) * 0.5).to(dtype), pick(g, [-1.0, 0.0, -5.0])
+    else:
+        x, fill = normal(g, r, c, dtype=dtype), pick(g, [-1.0, 0.0, -5.0])
+    return {"x": x, "k": randint(g, 2, c - 2) if k is None else (c if k == "C" else k), "fill": fill}
+
+
+TOPK_KEEP = FunctionFamily(
+    "tensor_ops/topk_keep_fn", "topk_keep", ("x", "k", "fill"),
+    "`x` is a tensor of shape (R, C) (R, C >= 1; float32, float64 or int64), `k` an int with 0 <= k <= C, and `fill` "
+    "a Python number (an int when `x` is int64). Return the tensor of the shape and dtype of `x` that keeps, in each "
+    "row, the k largest values of that row in their places and sets every other element to `fill`. Exactly k "
+    "elements are kept per row: when equal values (ties) straddle the k-th place, the ones at lower column indices "
+    "are kept. With k = 0 every element is `fill`; with k = C the row is unchanged.",
+    (
+        Case("distinct values", "the k largest values", lambda g: _topk(g)),
+        Case("tied values", "equal values (ties)", lambda g: _topk(g, ties=True)),
+        Case("k is 0", "With k = 0", lambda g: _topk(g, ties=True, k=0)),
+        Case("k equals C", "with k = C", lambda g: _topk(g, ties=True, k="C")),
+        Case("int64 input", "int64)", lambda g: _topk(g, dtype=torch.int64)),
+        Case("float64 input", "float32, float64", lambda g: _topk(g, ties=True, dtype=torch.float64)),
+    ),
+    "def topk_keep(x, k, fill):\n"
+    "    idx = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :k]\n"
+    "    keep = torch.zeros(x.shape, dtype=torch.bool).scatter(1, idx, torch.ones(idx.shape, dtype=torch.bool))\n"
+    "    return torch.where(keep, x, torch.full_like(x, fill))\n",
+    wrong={
+        "threshold_keeps_ties":
+            "def topk_keep(x, k, fill):\n"
+            "    kth = x.sort(dim=1, descending=True).values[:, k - 1:k]\n"
+            "    return torch.where(x >= kth, x, torch.full_like(x, fill))\n",
+        "ties_high_index":
+            "def topk_keep(x, k, fill):\n"
+            "    c = x.shape[1]\n"
+            "    idx = c - 1 - torch.sort(x.flip(1), dim=1, descending=True, stable=True).indices[:, :k]\n"
+            "    keep = torch.zeros(x.shape, dtype=torch.bool).scatter(1, idx, torch.ones(idx.shape, dtype=torch.bool))\n"
+            "    return torch.where(keep, x, torch.full_like(x, fill))\n",
+    },
+    hint="`torch.sort(..., descending=True, stable=True)` gives the kept indices; `scatter` marks them.",
+)
+
+
+def _divmod(g, *, negative=False, exact=False, large=False, dtype=torch.int64):
+    n = randint(g, 6, 10)
+    a = torch.randint(-50, 51, (n,), generator=g)
+    b = torch.randint(1, 9, (n,), generator=g) * torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+    if negative:
+        a, b = -a.abs() - 1, b.abs() * torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+    if exact:
+        a = b * torch.randint(-9, 10, (n,), generator=g)
+        a[randint(g, 0, n - 1)] = 0
+    if large:
+        a = torch.randint(2 ** 33, 2 ** 40, (n,), generator=g) * torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+        b = torch.randint(3, 1000, (n,), generator=g) * torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+    shape = pick(g, [(n,), (1, n)]) if not large else (n,)
+    return {"a": a.to(dtype).reshape(shape), "b": b.to(dtype).reshape(shape)}
+
+
+DIVISION_MODES = FunctionFamily(
+    "tensor_ops/division_modes_fn", "division_modes", ("a", "b"),
+    "`a` and `b` are integer tensors of one shape S (rank 1 or 2) and one dtype (int32 or int64); no entry of `b` is "
+    "0. Return the tensor of shape (4, *S) and the dtype of `a` stacking, element-wise: [0] the quotient `a / b` "
+    "rounded toward negative infinity, [1] the remainder that goes with it, `a - b * [0]` (it has the sign of `b`, "
+    "or is 0), [2] the quotient rounded toward zero, [3] its remainder `a - b * [2]` (it has the sign of `a`, or is "
+    "0). Exact multiples give remainder 0 in both modes. Entries of `a` may be as large as 2 ** 40 in absolute value "
+    "(int64), so the quotients must be exact integers, not rounded through float32.",
+    (
+        Case("typical", "the quotient `a / b`", lambda g: _divmod(g)),
+        Case("negative operands", "the sign of `b`", lambda g: _divmod(g, negative=True)),
+        Case("exact multiples", "Exact multiples", lambda g: _divmod(g, exact=True)),
+        Case("int32 input", "int32 or int64", lambda g: _divmod(g, dtype=torch.int32)),
+        Case("large values", "as large as 2 ** 40", lambda g: _divmod(g, large=True)),
+    ),
+    "def division_modes(a, b):\n"
+    "    q_floor = torch.div(a, b, rounding_mode='floor')\n"
+    "    q_trunc = torch.div(a, b, rounding_mode='trunc')\n"
+    "    return torch.stack([q_floor, a - b * q_floor, q_trunc, a - b * q_trunc])\n",
+    wrong={
+        "truncation_for_both":
+            "def division_modes(a, b):\n"
+            "    q = torch.div(a, b, rounding_mode='trunc')\n"
+            "    return torch.stack([q, a - b * q, q, a - b * q])\n",
+        "float_division":
+            "def division_modes(a, b):\n"
+            "    q = a / b\n"
+            "    qf, qt = torch.floor(q).to(a.dtype), torch.trunc(q).to(a.dtype)\n"
+            "    return torch.stack([qf, a - b * qf, qt, a - b * qt])\n",
+        "fmod_for_floor":
+            "def division_modes(a, b):\n"
+            "    q_floor = torch.div(a, b, rounding_mode='floor')\n"
+            "    q_trunc = torch.div(a, b, rounding_mode='trunc')\n"
+            "    return torch.stack([q_floor, torch.fmod(a, b), q_trunc, torch.fmod(a, b)])\n",
+    },
+    hint="`torch.div(a, b, rounding_mode=...)` with 'floor' and 'trunc'.",
+)
+
+
+def _lse(g, shape, dim, *, offset=None, dtype=torch.float32):
+    x = normal(g, *shape, scale=2.0)
+    if offset is not None:
+        x = x * 10.0 + offset
+    return {"x": x.to(dtype), "dim": dim}
+
+
+LOGSUMEXP = FunctionFamily(
+    "nn_modules/logsumexp_extreme_fn", "logsumexp", ("x", "dim"),
+    "`x` is a float tensor of rank 1, 2 or 3 (float32 or float64) and `dim` an int in [-rank, rank) (a negative dim "
+    "counts from the end); the size of `x` along `dim` is >= 1. Return `log(sum over dim of exp(x))`, of the dtype of "
+    "`x`, with dimension `dim` removed (not kept as size 1; a rank-1 `x` gives a 0-dim tensor). Along a size-1 "
+    "dimension it is `x` itself. Entries may be in the hundreds, positive (where `exp` overflows) or negative (where "
+    "`exp` underflows to 0 and a plain log gives -inf): compute it without overflow or underflow.",
+    (
+        Case("typical", "log(sum over dim of exp(x))", lambda g: _lse(g, (randint(g, 2, 4), randint(g, 3, 6)), randint(g, 0, 1))),
+        Case("values in the hundreds", "positive (where `exp` overflows)",
+             lambda g: _lse(g, (randint(g, 2, 4), randint(g, 3, 6)), randint(g, 0, 1), offset=uniform(g, 200.0, 800.0, 1).item())),
+        Case("large negative values", "negative (where `exp` underflows",
+             lambda g: _lse(g, (randint(g, 2, 4), randint(g, 3, 6)), randint(g, 0, 1), offset=-uniform(g, 200.0, 800.0, 1).item())),
+        Case("negative dim", "a negative dim",
+             lambda g: _lse(g, (randint(g, 2, 3), randint(g, 2, 4), randint(g, 2, 4)), pick(g, [-2, -3]), offset=400.0)),
+        Case("size-1 dimension", "size-1", lambda g: _lse(g, (randint(g, 2, 4), 1), pick(g, [1, -1]))),
+        Case("float64 input", "float32 or float64",
+             lambda g: _lse(g, (randint(g, 4, 8),), pick(g, [0, -1]), offset=-uniform(g, 200.0, 800.0, 1).item(), dtype=torch.float64)),
+    ),
+    "def logsumexp(x, dim):\n"
+    "    return torch.logsumexp(x, dim=dim)\n",
+    wrong={
+        "naive":
+            "def logsumexp(x, dim):\n"
+            "    return torch.log(torch.exp(x).sum(dim))\n",
+        "keepdim":
+            "def logsumexp(x, dim):\n"
+            "    return torch.logsumexp(x, dim=dim, keepdim=True)\n",
+        "max_only":
+            "def logsumexp(x, dim):\n"
+            "    return x.amax(dim)\n",
+    },
+    hint="subtract the maximum along `dim` before `torch.exp`, or `torch.logsumexp`.",
+)
+
+
+def _attention(g, *, empty=False, full=False, t=None, dtype=torch.float32):
+    b, t, d, e = randint(g, 1, 3), randint(g, 3, 6) if t is None else t, randint(g, 2, 4), randint(g, 2, 4)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    if full:
+        lengths[:] = t
+    elif t > 1:
+        lengths[randint(g, 0, b - 1)] = randint(g, 1, t - 1)  # some padding
+    if empty:
+        lengths[randint(g, 0, b - 1)] = 0
+    return {"q": normal(g, b, t, d, dtype=dtype), "k": normal(g, b, t, d, dtype=dtype), "v": normal(g, b, t, e, dtype=dtype),
+            "lengths": lengths}
+
+
+CAUSAL_ATTENTION = FunctionFamily(
+    "nn_modules/causal_padded_attention_fn", "attention", ("q", "k", "v", "lengths"),
+    "`q` and `k` are float tensors of shape (B, T, D), `v` of shape (B, T, E), all of one dtype (float32 or float64; "
+    "B, T, D, E >= 1), and `lengths` an int64 tensor of shape (B,) with entries in [0, T]. Scaled dot-product "
+    "attention per batch element `b`: scores `s[b, i, j] = (q[b, i] . k[b, j]) / sqrt(D)`; query `i` may attend to "
+    "key `j` only when `j <= i` (causal) and `j < lengths[b]` (keys at or past the length are padding; queries past "
+    "the length are still computed, over the keys they may attend to). The weights are the softmax of the allowed "
+    "scores over `j` (disallowed keys get weight 0), and `result[b, i] = sum over j of weight[b, i, j] * v[b, j]`. "
+    "When `lengths[b]` is 0 (an empty sequence) no key is allowed and every `result[b, i]` is a row of zeros, "
+    "never NaN. Return the tensor of shape (B, T, E) and the dtype of `q`.",
+    (
+        Case("typical", "Scaled dot-product attention", lambda g: _attention(g)),
+        Case("empty sequence", "an empty sequence", lambda g: _attention(g, empty=True)),
+        Case("no padding", "keys at or past the length are padding", lambda g: _attention(g, full=True)),
+        Case("one position", "B, T, D, E >= 1", lambda g: _attention(g, t=1, empty=randint(g, 0, 1) == 1)),
+        Case("float64 input", "float32 or float64", lambda g: _attention(g, empty=True, dtype=torch.float64)),
+    ),
+    "def attention(q, k, v, lengths):\n"
+    "    t = q.shape[1]\n"
+    "    allowed = torch.ones(t, t, dtype=torch.bool).tril() & (torch.arange(t) < lengths[:, None, None])\n"
+    "    scores = (q @ k.transpose(1, 2)) / q.shape[-1] ** 0.5\n"
+    "    weights = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1)\n"
+    "    return torch.nan_to_num(weights, nan=0.0) @ v\n",
+    wrong={
+        "padding_ignored":
+            "def attention(q, k, v, lengths):\n"
+            "    t = q.shape[1]\n"
+            "    allowed = torch.ones(t, t, dtype=torch.bool).tril()\n"
+            "    scores = (q @ k.transpose(1, 2)) / q.shape[-1] ** 0.5\n"
+            "    return torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n",
+        "nan_rows":
+            "def attention(q, k, v, lengths):\n"
+            "    t = q.shape[1]\n"
+            "    allowed = torch.ones(t, t, dtype=torch.bool).tril() & (torch.arange(t) < lengths[:, None, None])\n"
+            "    scores = (q @ k.transpose(1, 2)) / q.shape[-1] ** 0.5\n"
+            "    return torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n",
+        "padded_queries_zeroed":
+            "def attention(q, k, v, lengths):\n"
+            "    t = q.shape[1]\n"
+            "    allowed = torch.ones(t, t, dtype=torch.bool).tril() & (torch.arange(t) < lengths[:, None, None])\n"
+            "    scores = (q @ k.transpose(1, 2)) / q.shape[-1] ** 0.5\n"
+            "    w = torch.nan_to_num(torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1), nan=0.0)\n"
+            "    return (w @ v) * (torch.arange(t) < lengths[:, None])[:, :, None]\n",
+    },
+    hint="mask the scores with `-inf` before `torch.softmax`, and replace the rows with no allowed key.",
+)
+
+
+def _away_from_zero(g, c, dtype):
+    """Biases of either sign larger than a normalised value times the weight, so that no output of a
+    normalisation cancels to near 0, where another correct float32 order of operations would differ
+    from the reference by more than the tolerance."""
+    return uniform(g, 3.0, 4.0, c, dtype=dtype) * torch.where(torch.rand(c, generator=g) < 0.5, -1, 1).to(dtype)
+
+
+def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
+    n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
+    length = randint(g, 2, 5) if length is None else length
+    shape = (n, c, length) if rank == 3 else (n, c)
+    return {"x": (normal(g, *shape, scale=2.0) + 0.5).to(dtype),
+            "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
+            "bias": _away_from_zero(g, c, dtype) if affine else None,
+            "running_mean": normal(g, c, scale=0.3, dtype=dtype), "running_var": uniform(g, 0.5, 2.0, c, dtype=dtype),
+            "momentum": pick(g, [0.1, 0.2, 0.05]), "eps": pick(g, [1e-5, 1e-3])}
+
+
+BATCH_NORM = FunctionFamily(
+    "nn_modules/batch_norm_training_fn", "batch_norm_train",
+    ("x", "weight", "bias", "running_mean", "running_var", "momentum", "eps"),
+    "`x` is a float tensor of shape (N, C, L) or (N, C) (float32 or float64), with at least two values per channel "
+    "(N * L >= 2, where L is 1 for a rank-2 `x`); `weight` and `bias` are tensors of shape (C,) or both None (no "
+    "affine: weight 1, bias 0); `running_mean` and `running_var` are tensors of shape (C,); all of the dtype of `x`. "
+    "`momentum` in (0, 1) and `eps` > 0 are Python floats. One training-mode batch-norm step, per channel `c`: with "
+    "`mean` and the biased variance `var` (divided by the count N * L) of `x[:, c]` over the N and L dimensions, "
+    "`y = (x - mean) / sqrt(var + eps) * weight[c] + bias[c]`; the new running statistics are `(1 - momentum) * "
+    "running_mean + momentum * mean` and `(1 - momentum) * running_var + momentum * unbiased_var`, where "
+    "`unbiased_var` divides by N * L - 1. A single sample (N = 1) is fine when L >= 2. Return the tuple `(y, "
+    "new_running_mean, new_running_var)`: `y` of the shape of `x`, the others of shape (C,), all of the dtype of "
+    "`x`; the input tensors are left unchanged.",
+    (
+        Case("typical", "One training-mode batch-norm step", lambda g: _batchnorm(g)),
+        Case("rank 2 input", "or (N, C)", lambda g: _batchnorm(g, rank=2)),
+        Case("no affine", "both None", lambda g: _batchnorm(g, affine=False)),
+        Case("one sample", "A single sample (N = 1)", lambda g: _batchnorm(g, n=1)),
+        Case("float64 input", "float32 or float64", lambda g: _batchnorm(g, dtype=torch.float64)),
+    ),
+    "def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n"
+    "    rm, rv = running_mean.clone(), running_var.clone()\n"
+    "    y = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, training=True, momentum=momentum, eps=eps)\n"
+    "    return y, rm, rv\n",
+    wrong={
+        "biased_running_var":
+            "def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n"
+            "    dims = [0, 2] if x.dim() == 3 else [0]\n"
+            "    mean, var = x.mean(dims), x.var(dims, correction=0)\n"
+            "    shape = (1, -1, 1) if x.dim() == 3 else (1, -1)\n"
+            "    y = (x - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + eps)\n"
+            "    if weight is not None:\n"
+            "        y = y * weight.reshape(shape) + bias.reshape(shape)\n"
+            "    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * var\n",
+        "momentum_complement":
+            "def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n"
+            "    rm, rv = running_mean.clone(), running_var.clone()\n"
+            "    y = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, training=True, momentum=1 - momentum, eps=eps)\n"
+            "    return y, rm, rv\n",
+        "unbiased_normalisation":
+            "def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n"
+            "    dims = [0, 2] if x.dim() == 3 else [0]\n"
+            "    mean, var = x.mean(dims), x.var(dims)\n"
+            "    shape = (1, -1, 1) if x.dim() == 3 else (1, -1)\n"
+            "    y = (x - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + eps)\n"
+            "    if weight is not None:\n"
+            "        y = y * weight.reshape(shape) + bias.reshape(shape)\n"
+            "    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * var\n",
+    },
+    hint="`torch.nn.functional.batch_norm(..., training=True)` updates copies of the running statistics in place.",
+)
+
+
+def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32):
+    groups = randint(g, 2, 3) if groups is None else groups
+    per = randint(g, 2, 3) if groups != "C" else 1
+    groups = randint(g, 2, 4) if groups == "C" else groups
+    c = groups * per
+    spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
+    x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
+    return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
+            "bias": _away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
+
+
+GROUP_NORM = FunctionFamily(
+    "nn_modules/group_norm_fn", "group_norm", ("x", "weight", "bias", "groups", "eps"),
+    "`x` is a float tensor of shape (N, C, *) with any number of trailing (spatial) dimensions, including none "
+    "(float32 or float64; N, C >= 1); `groups` a positive int dividing C; `weight` and `bias` tensors of shape (C,) "
+    "of the dtype of `x`, or both None (no affine: weight 1, bias 0); `eps` > 0 a Python float. Group normalisation: "
+    "the channels are split into `groups` consecutive equal groups (channels 0 to C/groups - 1 form group 0, and so "
+    "on); each (sample, group) is normalised over its channels and all trailing positions with its own mean and "
+    "biased variance (divided by the count), `(x - mean) / sqrt(var + eps)`, then channel `c` is scaled by "
+    "`weight[c]` and shifted by `bias[c]`. One group normalises each sample as a whole; a group per channel (groups = "
+    "C) normalises each channel alone, and a group of a single value gives `bias[c]` (0 without affine). Return the "
+    "tensor of the shape and dtype of `x`.",
+    (
+        Case("typical", "Group normalisation", lambda g: _groupnorm(g)),
+        Case("one group", "One group normalises", lambda g: _groupnorm(g, groups=1)),
+        Case("a group per channel", "a group per channel", lambda g: _groupnorm(g, groups="C", spatial=(randint(g, 2, 5),))),
+        Case("no spatial dims", "including none", lambda g: _groupnorm(g, spatial=())),
+        Case("no affine", "both None", lambda g: _groupnorm(g, affine=False, spatial=(randint(g, 3, 6),))),
+        Case("float64 input", "float32 or float64", lambda g: _groupnorm(g, dtype=torch.float64)),
+    ),
+    "def group_norm(x, weight, bias, groups, eps):\n"
+    "    return torch.nn.functional.group_norm(x, groups, weight, bias, eps=eps)\n",
+    wrong={
+        "interleaved_groups":
+            "def group_norm(x, weight, bias, groups, eps):\n"
+            "    n, c = x.shape[:2]\n"
+            "    t = x.reshape(n, c // groups, groups, -1).transpose(1, 2).reshape(n, groups, -1)\n"
+            "    t = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, correction=0, keepdim=True) + eps)\n"
+            "    y = t.reshape(n, groups, c // groups, -1).transpose(1, 2).reshape(x.shape)\n"
+            "    shape = (1, c) + (1,) * (x.dim() - 2)\n"
+            "    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n",
+        "unbiased_variance":
+            "def group_norm(x, weight, bias, groups, eps):\n"
+            "    n, c = x.shape[:2]\n"
+            "    t = x.reshape(n, groups, -1)\n"
+            "    t = (t - t.mean(-1, keepdim=True)) / torch.sqrt(t.var(-1, keepdim=True).nan_to_num(0.0) + eps)\n"
+            "    shape = (1, c) + (1,) * (x.dim() - 2)\n"
+            "    y = t.reshape(x.shape)\n"
+            "    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n",
+        "per_channel":
+            "def group_norm(x, weight, bias, groups, eps):\n"
+            "    return torch.nn.functional.group_norm(x, x.shape[1], weight, bias, eps=eps)\n",
+    },
+    hint="reshape to (N, groups, -1) for the statistics, or `torch.nn.functional.group_norm`.",
+)
+
+
+def _ste(g, *, halves=False, negative=False, shape=None, dtype=torch.float32):
+    shape = (randint(g, 5, 9),) if shape is None else shape
+    scale = pick(g, [2, 4, 8])
+    x = normal(g, *shape, dtype=torch.float64)
+    if halves:
+        x = (torch.randint(-6, 6, shape, generator=g) + 0.5) / scale
+        if negative:
+            x = -x.abs()
+    return {"x": x.to(dtype), "w": normal(g, *shape, dtype=dtype), "scale": scale}
+
+
+STRAIGHT_THROUGH = FunctionFamily(
+    "autograd/straight_through_round_fn", "ste_grad", ("x", "w", "scale"),
+    "`x` and `w` are float tensors of one shape (any rank >= 1) and dtype (float32 or float64), and `scale` a positive "
+    "int. Quantise `x` with `q = round(x * scale) / scale`, where round goes to the nearest integer and a value "
+    "exactly halfway between two integers rounds to the even one (round half to even: 2.5 -> 2, -0.5 -> -0 and "
+    "-1.5 -> -2), using a straight-through estimator: the backward pass treats the quantiser as the identity (the "
+    "incoming gradient passes through unchanged). Return the gradient with respect to `x` of `loss = sum(w * q ** "
+    "2)`, which is `2 * w * q`, as a tensor of the shape and dtype of `x`. Autograd may be used.",
+    (
+        Case("typical", "straight-through estimator", lambda g: _ste(g)),
+        Case("halfway values", "round half to even", lambda g: _ste(g, halves=True)),
+        Case("negative halfway values", "-1.5 -> -2", lambda g: _ste(g, halves=True, negative=True)),
+        Case("rank 2", "any rank >= 1", lambda g: _ste(g, halves=True, shape=(randint(g, 2, 3), randint(g, 2, 4)))),
+        Case("float64 input", "float32 or float64", lambda g: _ste(g, halves=True, dtype=torch.float64)),
+    ),
+    "def ste_grad(x, w, scale):\n"
+    "    return 2 * w * (torch.round(x * scale) / scale)\n",
+    wrong={
+        "half_up":
+            "def ste_grad(x, w, scale):\n"
+            "    return 2 * w * (torch.floor(x * scale + 0.5) / scale)\n",
+        "half_away_from_zero":
+            "def ste_grad(x, w, scale):\n"
+            "    t = x * scale\n"
+            "    return 2 * w * (torch.sign(t) * torch.floor(t.abs() + 0.5) / scale)\n",
+        "unquantised":
+            "def ste_grad(x, w, scale):\n"
+            "    return 2 * w * x\n",
+    },
+    hint="`torch.round` rounds half to even; a custom `torch.autograd.Function` or `x + (q - x).detach()` "
+         "gives the straight-through gradient.",
+)
+
+
+def _smoothing(g, *, ignored=True, all_ignored=False, eps=None, dtype=torch.float32):
+    n, c = randint(g, 4, 7), randint(g, 2, 6)
+    target = torch.randint(0, c, (n,), generator=g)
+    if all_ignored:
+        target[:] = -100
+    elif ignored:
+        target[torch.randperm(n, generator=g)[: randint(g, 1, n // 2)]] = -100
+    return {"logits": normal(g, n, c, scale=2.0, dtype=dtype), "target": target,
+            "eps": pick(g, [0.1, 0.2, 0.05]) if eps is None else eps}
+
+
+LABEL_SMOOTHING = FunctionFamily(
+    "losses/label_smoothing_ce_fn", "smoothed_cross_entropy", ("logits", "target", "eps"),
+    "`logits` is a float tensor of shape (N, C) (N >= 1, C >= 2; float32 or float64), `target` an int64 tensor of "
+    "shape (N,) whose entries are classes in [0, C) or -100 (ignored), and `eps` a Python float in [0, 1). "
+    "Cross-entropy with label smoothing `eps`: for a sample with target `t`, the target distribution is `1 - eps` on "
+    "class `t` plus `eps / C` on every class (including `t`; so `eps / C`, not `eps / (C - 1)`), and its loss is "
+    "`-sum over c of dist[c] * log_softmax(logits[n])[c]`. Samples whose target is -100 are ignored: the result is "
+    "the mean loss over the other samples, as a 0-dim tensor of the dtype of `logits`. When every sample is "
+    "ignored the result is 0 (not NaN). With eps 0 it is the plain cross-entropy.",
+    (
+        Case("typical", "Cross-entropy with label smoothing", lambda g: _smoothing(g)),
+        Case("every sample ignored", "When every sample is ignored", lambda g: _smoothing(g, all_ignored=True)),
+        Case("no smoothing", "With eps 0", lambda g: _smoothing(g, eps=0.0)),
+        Case("no ignored samples", "are ignored", lambda g: _smoothing(g, ignored=False)),
+        Case("float64 input", "float32 or float64", lambda g: _smoothing(g, dtype=torch.float64)),
+    ),
+    "def smoothed_cross_entropy(logits, target, eps):\n"
+    "    keep = target != -100\n"
+    "    if not keep.any():\n"
+    "        return torch.zeros((), dtype=logits.dtype)\n"
+    "    return torch.nn.functional.cross_entropy(logits[keep], target[keep], label_smoothing=eps)\n",
+    wrong={
+        "nan_when_all_ignored":
+            "def smoothed_cross_entropy(logits, target, eps):\n"
+            "    return torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, label_smoothing=eps)\n",
+        "smoothing_over_other_classes":
+            "def smoothed_cross_entropy(logits, target, eps):\n"
+            "    keep = target != -100\n"
+            "    if not keep.any():\n"
+            "        return torch.zeros((), dtype=logits.dtype)\n"
+            "    logp = torch.log_softmax(logits[keep], dim=1)\n"
+            "    dist = torch.full_like(logp, eps / (logits.shape[1] - 1))\n"
+            "    dist[torch.arange(len(logp)), target[keep]] = 1 - eps\n"
+            "    return -(dist * logp).sum(1).mean()\n",
+        "mean_over_all_samples":
+            "def smoothed_cross_entropy(logits, target, eps):\n"
+            "    loss = torch.nn.functional.cross_entropy(logits, target, ignore_index=-100, label_smoothing=eps,\n"
+            "                                             reduction='sum')\n"
+            "    return loss / len(target)\n",
+    },
+    hint="`torch.nn.functional.cross_entropy(..., label_smoothing=eps)` on the kept samples.",
+)
+
+
+def _accumulation(g, *, uneven=False, unclipped=False, one=False, dtype=torch.float32):
+    m, k, d, o = randint(g, 2, 3), randint(g, 2, 4), randint(g, 2, 4), randint(g, 1, 2)
+    n = k * m - (randint(g, 1, m - 1) if uneven else 0)
+    return {"w": normal(g, o, d, scale=0.5, dtype=dtype), "x": normal(g, n, d, dtype=dtype),
+            "y": normal(g, n, o, dtype=dtype), "micro_batch": n + randint(g, 0, 2) if one else m,
+            "lr": pick(g, [0.1, 0.05, 0.2]), "max_norm": pick(g, [50.0, 100.0]) if unclipped else pick(g, [0.1, 0.05])}
+
+
+GRAD_ACCUMULATION = FunctionFamily(
+    "optim/grad_accumulation_clip_fn", "accumulate_clip_step", ("w", "x", "y", "micro_batch", "lr", "max_norm"),
+    "`w` is a float tensor of shape (O, D), `x` of shape (N, D) and `y` of shape (N, O) (N >= 1), all of one dtype "
+    "(float32 or float64); `micro_batch` is a positive int, `lr` > 0 and `max_norm` > 0 Python floats. One "
+    "optimiser step with gradient accumulation: split the rows of `x` and `y` into consecutive micro-batches of "
+    "`micro_batch` rows (the last one has fewer rows when N is not a multiple of `micro_batch`; a single "
+    "micro-batch when micro_batch >= N); with K the number of micro-batches, each micro-batch's loss is `mean((xb @ "
+    "w.T - yb) ** 2) / K` (the mean over all its elements) and its gradient with respect to `w` is added to the "
+    "accumulated gradient `G`. Then clip: with `norm` the L2 norm of all of `G`, multiply `G` by `max_norm / (norm + "
+    "1e-6)` when that factor is below 1 (a gradient whose norm is below max_norm is left unchanged). Return `w - lr * "
+    "G`, of the shape and dtype of `w` (the input is left unchanged).",
+    (
+        Case("typical", "gradient accumulation", lambda g: _accumulation(g)),
+        Case("uneven last micro-batch", "the last one has fewer rows", lambda g: _accumulation(g, uneven=True)),
+        Case("norm below max_norm", "left unchanged", lambda g: _accumulation(g, unclipped=True)),
+        Case("one micro-batch", "a single micro-batch", lambda g: _accumulation(g, one=True)),
+        Case("float64 input", "float32 or float64", lambda g: _accumulation(g, uneven=True, dtype=torch.float64)),
+    ),
+    "def accumulate_clip_step(w, x, y, micro_batch, lr, max_norm):\n"
+    "    w = torch.nn.Parameter(w.clone())\n"
+    "    xs, ys = x.split(micro_batch), y.split(micro_batch)\n"
+    "    for xb, yb in zip(xs, ys):\n"
+    "        (((xb @ w.T - yb) ** 2).mean() / len(xs)).backward()\n"
+    "    torch.nn.utils.clip_grad_norm_([w], max_norm=max_norm)\n"
+    "    with torch.no_grad():\n"
+    "        w -= lr * w.grad\n"
+    "    return w.detach().clone()\n",
+    wrong={
+        "full_batch_gradient":
+            "def accumulate_clip_step(w, x, y, micro_batch, lr, max_norm):\n"
+            "    grad = 2 * (x @ w.T - y).T @ x / y.numel()\n"
+            "    factor = min(1.0, max_norm / (grad.norm().item() + 1e-6))\n"
+            "    return w - lr * grad * factor\n",
+        "always_rescaled":
+            "def accumulate_clip_step(w, x, y, micro_batch, lr, max_norm):\n"
+            "    xs, ys = x.split(micro_batch), y.split(micro_batch)\n"
+            "    grad = sum(2 * (xb @ w.T - yb).T @ xb / yb.numel() / len(xs) for xb, yb in zip(xs, ys))\n"
+            "    return w - lr * grad * max_norm / (grad.norm() + 1e-6)\n",
+        "not_divided_by_k":
+            "def accumulate_clip_step(w, x, y, micro_batch, lr, max_norm):\n"
+            "    xs, ys = x.split(micro_batch), y.split(micro_batch)\n"
+            "    grad = sum(2 * (xb @ w.T - yb).T @ xb / yb.numel() for xb, yb in zip(xs, ys))\n"
+            "    factor = min(1.0, max_norm / (grad.norm().item() + 1e-6))\n"
+            "    return w - lr * grad * factor\n",
+    },
+    hint="`Tensor.split` for the micro-batches, `backward()` accumulates, then `torch.nn.utils.clip_grad_norm_`.",
+)
+
+FAMILIES = [SEGMENT_MEAN, MASKED_SOFTMAX, PAIRWISE_DISTANCE, TOPK_KEEP, DIVISION_MODES, LOGSUMEXP, CAUSAL_ATTENTION,
+            BATCH_NORM, GROUP_NORM, STRAIGHT_THROUGH, LABEL_SMOOTHING, GRAD_ACCUMULATION]
