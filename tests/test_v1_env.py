@@ -17,7 +17,7 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig
 
 from ptenv.host import rollout
-from tests.support import policy_server
+from tests.support import hostile_functions, policy_server
 from ptenv.tasks.rows import dumps_rows
 from ptenv.tasks.tiers import select
 from tests.support.sandbox import wait_until
@@ -275,3 +275,29 @@ def call(name: str, **arguments) -> dict:
     tool_call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                  "function": {"name": name, "arguments": json.dumps(arguments)}}
     return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+
+
+def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
+    count = len(hostile_functions.ANSWERS)
+    instances = select(["intermediate"], "train", count, 0, "function", 1)
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(dumps_rows([i.row() for i in instances]))
+    url, stop = policy_server.serve_in_thread(dataset)
+    args = ("--env.taskset.tiers", "intermediate", "--env.taskset.kind", "function",
+            "--env.taskset.num-train-examples", str(count))
+    try:
+        right = run_vf_eval(url, "reference", tmp_path / "right", count, args)
+        partial = run_vf_eval(url, "function_hostile", tmp_path / "hostile", count,
+                              args + ("--env.taskset.partial-credit", "true"))
+    finally:
+        stop()
+    assert len(right) == len(partial) == count
+    for trace in right:
+        assert trace["ok"] and score(trace) == 1.0, trace["info"]
+        assert trace["metrics"]["hidden_pass_fraction"] == 1.0
+        assert trace["task"]["data"]["system_prompt"].startswith("You write PyTorch functions")
+    for trace in partial:
+        where = (trace["task"]["data"]["id"], trace["info"]["verdict"])
+        assert trace["ok"] and score(trace) == trace["metrics"]["hidden_pass_fraction"] == 0.0, where
+        assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0, where
+        assert trace["info"]["verdict"]["reason"].startswith(("hidden case", "no ```python block")), where

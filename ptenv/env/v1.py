@@ -14,15 +14,20 @@ Where each part runs, and why:
 - PyTorchHarness.cleanup, which v1 runs after scoring and after every failure, deletes the sandbox.
 """
 
+import secrets
+
 import verifiers.v1 as vf
 from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
 
-from ptenv.host import rollout
+from ptenv.host import answer, rollout
 from ptenv.inside import codec
 from ptenv.tasks.rows import TaskRow, parse_row
-from ptenv.env.prompt import SYSTEM_PROMPT
+from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host import transports
+from ptenv.tasks import functions
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
+from ptenv.tasks.tiers import find_family
 from ptenv.env.v1_relay import SandboxRelay
 from ptenv.env.v1_tools import PyTorchState, PyTorchTools, PyTorchToolsConfig
 from ptenv.env.versions import versions
@@ -45,6 +50,7 @@ def sandboxes() -> tuple[transports.Transport, SandboxRelay]:
 
 class PyTorchTaskData(vf.TaskData):
     info: dict  # the dataset row's info: encoded inputs and expected output, reference solution
+    grading: dict  # function tasks: hidden_cases and partial_credit, from the taskset's config
 
 
 class PyTorchTasksetConfig(vf.TasksetConfig):
@@ -54,6 +60,20 @@ class PyTorchTasksetConfig(vf.TasksetConfig):
     tiers: str | list[str] = "basic"
     num_train_examples: int = -1
     seed: int = 0
+    kind: str = "result"
+    level: int = 1
+    hidden_cases: int = DEFAULT_HIDDEN_CASES
+    partial_credit: bool = False
+
+
+_hidden: dict[int, functions.HiddenCases] = {}
+
+
+def hidden_cases(n: int) -> functions.HiddenCases:
+    """This process's hidden cases of function tasks, n per task, from a secret of its own."""
+    if n not in _hidden:
+        _hidden[n] = functions.HiddenCases(secrets.token_hex(16), n)
+    return _hidden[n]
 
 
 class PyTorchHarnessConfig(NullHarnessConfig):
@@ -106,7 +126,15 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
 
     async def finalize(self, trace: vf.Trace, runtime) -> None:
         transport, _ = sandboxes()
-        outcome = await rollout.score(transport.call, trace.state.sandbox_id, self.row().expected, transport.command_timeout)
+        row = self.row()
+        if row.kind == "result":
+            outcome = await rollout.score(transport.call, trace.state.sandbox_id, row.expected, transport.command_timeout)
+        else:
+            grading = self.data.grading
+            cases = hidden_cases(grading["hidden_cases"]).of(find_family(row.family)[1], row.seed)
+            source = answer.function_source(trace.last_reply, row.function)
+            outcome = await rollout.score_function(transport.call, trace.state.sandbox_id, source, row.function, cases,
+                                                   transport.limits, grading["partial_credit"])
         trace.info.update(outcome.as_state())
         if outcome.scoring_error is not None:
             raise vf.SandboxError(outcome.scoring_error)
@@ -117,16 +145,22 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
 
     @vf.metric
     async def diagnostics(self, trace: vf.Trace) -> dict[str, float]:
-        return {key: float(trace.info["verdict"][key]) for key in DIAGNOSTICS}
+        metrics = {key: float(trace.info["verdict"][key]) for key in DIAGNOSTICS}
+        if "hidden_pass_fraction" in trace.info:
+            metrics["hidden_pass_fraction"] = trace.info["hidden_pass_fraction"]
+        return metrics
 
 
 class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
     def load(self):
         config = self.config
-        for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed):
-            data = PyTorchTaskData(
-                id=row.task_id, prompt=row.question, system_prompt=SYSTEM_PROMPT, info=row_info(row)
-            )
+        check_function_arguments(config.hidden_cases, config.partial_credit)
+        prompt = SYSTEM_PROMPT if config.kind == "result" else FUNCTION_SYSTEM_PROMPT
+        grading = {"hidden_cases": config.hidden_cases, "partial_credit": config.partial_credit}
+        for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed,
+                              kind=config.kind, level=config.level):
+            data = PyTorchTaskData(id=row.task_id, prompt=row.question, system_prompt=prompt, info=row_info(row),
+                                   grading=grading)
             yield PyTorchTask(data, self.config.task)
 
     @classmethod

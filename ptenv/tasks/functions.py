@@ -104,7 +104,7 @@ class FunctionInstance:
 def question(f: FunctionFamily, example: Args, level: int) -> str:
     tensors = "\n".join(f"- `{k}`: {v.dtype}, shape {tuple(v.shape)}" for k, v in example.items()
                         if isinstance(v, torch.Tensor))
-    shown = ", ".join(f"{k}={v!r}" if not isinstance(v, torch.Tensor) else k for k, v in example.items())
+    shown = ", ".join(f"{k}={k}" if isinstance(v, torch.Tensor) else f"{k}={v!r}" for k, v in example.items())
     parts = [f"Write a Python function `{f.signature}`.", "", f"Contract: {f.contract}"]
     if level == 1:
         parts += ["", "Your function is checked on hidden inputs of each of these kinds: "
