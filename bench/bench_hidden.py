@@ -1,0 +1,79 @@
+"""The machine CPU a function task's hidden phase costs per rollout, at the default number of cases.
+
+    .venv/bin/python bench/bench_hidden.py [--rounds 3]
+
+For every function family: one sandbox with the example preloaded, then the reference answer's
+hidden phase (ptenv.host.rollout.score_function) `rounds` times. CPU is counted where it is spent:
+the host process (encoding the cases, parsing the reply, grading) and the sandbox (its supervisor
+and every judge it forked and reaped: utime + stime + cutime + cstime of the supervisor). The
+one-time drawing of each task's cases (gated, cached per environment) is printed apart.
+Target (issue 23): at most 100 ms of machine CPU per rollout at the default N.
+"""
+
+import argparse
+import asyncio
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+from ptenv.host import rollout
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
+from ptenv.tasks.tiers import FUNCTION_TIERS
+from tests.support.sandbox import new_box
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sandbox_cpu(supervisor_pid: int) -> float:
+    """The supervisor's CPU and that of its reaped children (the judges), in seconds."""
+    fields = Path(f"/proc/{supervisor_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / TICK
+
+
+async def main(rounds: int) -> None:
+    limits = Limits()
+    client = LocalSandboxClient(limits)
+    hidden = HiddenCases("bench", DEFAULT_HIDDEN_CASES)
+    rows = []
+    try:
+        for family in [f for members in FUNCTION_TIERS.values() for f in members]:
+            start = time.perf_counter()
+            cases = hidden.of(family, 0)
+            draw_ms = (time.perf_counter() - start) * 1e3
+            box = await new_box(client)
+            await rollout.preload(client.call, box.id, family.instance("bench", 0).inputs(), 60, limits)
+            host, sandbox, wall = [], [], []
+            for _ in range(rounds):
+                h0, s0, w0 = own_cpu(), sandbox_cpu(box.supervisor[0]), time.perf_counter()
+                outcome = await rollout.score_function(client.call, box.id, family.reference, family.name, cases,
+                                                       limits, False)
+                host.append(own_cpu() - h0)
+                sandbox.append(sandbox_cpu(box.supervisor[0]) - s0)
+                wall.append(time.perf_counter() - w0)
+                assert outcome.verdict.score == 1.0, (family.id, outcome.verdict.reason)
+            await client.delete(box.id)
+            rows.append((family.id, draw_ms, statistics.median(host) * 1e3, statistics.median(sandbox) * 1e3,
+                         statistics.median(wall) * 1e3))
+    finally:
+        client.teardown()
+    print(f"{'family':45s} {'draw ms':>8s} {'host ms':>8s} {'sandbox ms':>10s} {'total ms':>9s} {'wall ms':>8s}")
+    for family_id, draw, host, sandbox, wall in rows:
+        print(f"{family_id:45s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {host + sandbox:9.1f} {wall:8.1f}")
+    totals = [host + sandbox for _, _, host, sandbox, _ in rows]
+    print(f"\nmachine CPU per rollout (N={DEFAULT_HIDDEN_CASES}): median {statistics.median(totals):.1f} ms, "
+          f"max {max(totals):.1f} ms over {len(rows)} families; target <= 100 ms")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args().rounds))
