@@ -30,13 +30,15 @@ from ptenv.tasks.tiers import TIERS, select
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 
 
-def tier_rows(tier: str, split: str, num: int, seed: int) -> list[dict]:
-    return [instance.row() for instance in select([tier], split, num, seed)]
+def tier_rows(tier: str, args) -> list[dict]:
+    return [instance.row() for instance in select([tier], args.split, args.n, args.seed, args.kind, args.level)]
 
 
 def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     env_args = {"tiers": tier, "split": args.split, "num_train_examples": args.n, "seed": args.seed}
-    rows = tier_rows(tier, args.split, args.n, args.seed)
+    if args.kind == "function":
+        env_args.update(kind="function", level=args.level, partial_credit=args.partial_credit)
+    rows = tier_rows(tier, args)
     command = [str(VF_EVAL), "pytorch-env", "-m", args.model, "-b", url, "-k", key_var, "-a", json.dumps(env_args),
                "-n", str(len(rows)), "-r", str(args.r), "-c", str(args.c), "-s", "-C", "scoring_error,verdict",
                "-o", str(out), *args.vf_eval, *resume(out, env_args, rows)]
@@ -90,6 +92,7 @@ def summarise(rollouts: list[dict]) -> dict:
         "prompts": len(by_prompt),
         "rollouts": len(rollouts),
         "pass@1": sum(r["reward"] for r in rollouts) / len(rollouts),
+        "all_pass": sum(r.get("verdict", {}).get("kind") == "pass" for r in rollouts) / len(rollouts),
         "all_same": sum(len(set(rewards)) == 1 for rewards in by_prompt.values()) / len(by_prompt),
         "scoring_error": sum(r.get("scoring_error") is not None for r in rollouts),
     }
@@ -106,6 +109,9 @@ def main() -> int:
     parser.add_argument("-r", type=int, default=3, help="rollouts per prompt")
     parser.add_argument("-c", type=int, default=16, help="concurrent rollouts")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", default="result", choices=["result", "function"])
+    parser.add_argument("--level", type=int, default=1, help="a function task's level")
+    parser.add_argument("--partial-credit", action="store_true", help="function tasks: the fraction of hidden cases is the reward")
     parser.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     parser.add_argument("--out", type=Path, help="keep each tier's vf-eval output here (for python -m ptenv.report)")
     parser.add_argument("vf_eval", nargs="*", help="more vf-eval arguments, after --: sampling, e.g. -- -t 700 -T 0.7")
@@ -119,21 +125,23 @@ def main() -> int:
             url, stop = args.base_url, None
             if url is None:
                 dataset = Path(tmp) / f"{tier}.jsonl"
-                dataset.write_text(dumps_rows(tier_rows(tier, args.split, args.n, args.seed)))
+                dataset.write_text(dumps_rows(tier_rows(tier, args)))
                 url, stop = serve_in_thread(dataset)
             try:
                 table[tier] = summarise(run_tier(args, tier, url, args.api_key_var, keep / tier))
             finally:
                 if stop:
                     stop()
-    print(f"\nmodel {args.model}, split {args.split}, -r {args.r}")
-    print(f"{'tier':<13} {'prompts':>7} {'rollouts':>8} {'pass@1':>7} {'all-same':>8} {'scoring_error':>13}")
+    kind = f"kind {args.kind}" + (f", level {args.level}, partial credit {args.partial_credit}" if args.kind == "function" else "")
+    print(f"\nmodel {args.model}, split {args.split}, -r {args.r}, {kind}")
+    print(f"{'tier':<13} {'prompts':>7} {'rollouts':>8} {'reward':>7} {'all-pass':>8} {'all-same':>8} {'scoring_error':>13}")
     for tier, s in table.items():
-        print(f"{tier:<13} {s['prompts']:>7} {s['rollouts']:>8} {s['pass@1']:>7.1%} {s['all_same']:>8.1%} "
-              f"{s['scoring_error']:>13}")
+        print(f"{tier:<13} {s['prompts']:>7} {s['rollouts']:>8} {s['pass@1']:>7.1%} {s['all_pass']:>8.1%} "
+              f"{s['all_same']:>8.1%} {s['scoring_error']:>13}")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "split": args.split, "r": args.r,
-                                               "tiers": table}, indent=2) + "\n")
+                                               "kind": args.kind, "level": args.level,
+                                               "partial_credit": args.partial_credit, "tiers": table}, indent=2) + "\n")
     return 0
 
 
