@@ -3,13 +3,18 @@ task's inputs in a sandbox, but never the reference, the expected output or a gr
 final answer per task. Grading happens afterwards, with the environment's own sandbox and grader.
 
     .venv/bin/python bench/blind_solver.py prompts DIR --per-tier 20   # DIR/prompts/<key>.md
+    .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 2 --per-tier 10
     .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs (4 times at most)
     .venv/bin/python bench/blind_solver.py grade DIR                    # DIR/answers/<key>.py
+
+For a function task the answer file is the function's source (the final message's code block),
+graded on hidden cases drawn from a fresh secret, as the environment does.
 """
 
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -18,30 +23,31 @@ from prime_sandboxes import CreateSandboxRequest
 
 from ptenv.host import rollout
 from ptenv.tasks.rows import parse_row
-from ptenv.env.prompt import SYSTEM_PROMPT
+from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host.local import LocalSandboxClient
-from ptenv.tasks.tiers import TIERS, select
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
+from ptenv.tasks.tiers import FUNCTION_TIERS, TIERS, find_family, select
 
 REQUEST = CreateSandboxRequest(name="blind-solver", docker_image="local")
 TIMEOUT = 30  # the environment's cell limit (transports.CELL_TIMEOUT)
 TRIES = 4  # runs on a task's inputs before the final answer: the environment's 5 turns in all
 
 
-def sample(per_tier: int, seed: int) -> dict[str, dict]:
+def sample(per_tier: int, seed: int, kind: str, level: int) -> dict[str, dict]:
     """key -> {tier, task_id, row}: the first `per_tier` test instances of every tier."""
     tasks = {}
-    for tier in TIERS:
-        for k, instance in enumerate(select([tier], "test", per_tier, seed)):
+    for tier in [t for t in TIERS if kind == "result" or FUNCTION_TIERS[t]]:
+        for k, instance in enumerate(select([tier], "test", per_tier, seed, kind, level)):
             tasks[f"{tier}-{k:03d}"] = {"tier": tier, "task_id": instance.id, "row": instance.row()}
     return tasks
 
 
-def write_prompts(out: Path, per_tier: int, seed: int) -> None:
-    tasks = sample(per_tier, seed)
+def write_prompts(out: Path, per_tier: int, seed: int, kind: str, level: int) -> None:
+    tasks = sample(per_tier, seed, kind, level)
     (out / "prompts").mkdir(parents=True, exist_ok=True)
     (out / "answers").mkdir(exist_ok=True)
     key_file(out).write_text(json.dumps(tasks))  # the rows hold the answer key: kept out of the solver's folder
-    (out / "SYSTEM.md").write_text(SYSTEM_PROMPT + "\n")
+    (out / "SYSTEM.md").write_text((SYSTEM_PROMPT if kind == "result" else FUNCTION_SYSTEM_PROMPT) + "\n")
     for key, task in tasks.items():
         (out / "prompts" / f"{key}.md").write_text(task["row"]["question"] + "\n")
     print(f"{len(tasks)} prompts in {out / 'prompts'}")
@@ -62,6 +68,11 @@ async def run(task: dict, code: str, grade: bool):
     try:
         sandbox = await client.create(REQUEST)
         await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT, client.limits)
+        if row.kind == "function" and grade:
+            cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(find_family(row.family)[1], row.seed)
+            outcome = await rollout.score_function(client.call, sandbox.id, code, row.function, cases, client.limits,
+                                                   partial_credit=False)
+            return "", outcome
         reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT, client.limits)
         outcome = await rollout.score(client.call, sandbox.id, row.expected, TIMEOUT) if grade else None
     finally:
@@ -111,6 +122,8 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--per-tier", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", default="result", choices=["result", "function"])
+    p.add_argument("--level", type=int, default=1)
     t = sub.add_parser("try")
     t.add_argument("out", type=Path)
     t.add_argument("key")
@@ -119,7 +132,7 @@ def main() -> None:
     g.add_argument("out", type=Path)
     args = parser.parse_args()
     if args.command == "prompts":
-        write_prompts(args.out, args.per_tier, args.seed)
+        write_prompts(args.out, args.per_tier, args.seed, args.kind, args.level)
     elif args.command == "try":
         try_code(args.out, args.key, args.code)
     else:
