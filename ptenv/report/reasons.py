@@ -9,9 +9,10 @@ invalid answer (not a plain tensor); such rollouts count as invalid answers and 
 guessed.
 """
 
-REASONS = ("no result", "shape", "dtype", "values", "invalid answer", "harness error")
+REASONS = ("no result", "shape", "dtype", "values", "invalid answer", "error", "timeout", "harness error")
 REASON_OF_KIND = {"pass": "pass", "no_result": "no result", "shape": "shape", "dtype": "dtype", "values": "values",
-                  "invalid_result": "invalid answer", "not_graded": "harness error"}
+                  "invalid_result": "invalid answer", "error": "error", "timeout": "timeout",
+                  "not_graded": "harness error"}
 DIAGNOSTICS = ("result_present", "shape_match", "dtype_match")
 
 
