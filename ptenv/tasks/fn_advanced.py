@@ -442,8 +442,9 @@ MAX_POOL2D = FunctionFamily(
             "    return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True)\n",
         "floor_always": _POOL_REF.replace("(math.ceil(span / s) if ceil_mode else span // s)", "span // s"),
     },
-    hint="`torch.nn.functional.max_pool2d(..., return_indices=True)` gives ties to the first position; "
-         "flipping the input makes the last come first (then map the indices back).",
+    hint="pad with -inf (`torch.nn.functional.pad`, enough on the right for ceil_mode), gather each window's "
+         "positions (`Tensor.unfold`, then every d-th), and take the last maximum: `argmax` of the window "
+         "reversed. `max_pool2d(..., return_indices=True)` gives ties to the first position instead.",
 )
 
 

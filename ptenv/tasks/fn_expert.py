@@ -297,8 +297,8 @@ GRID_SAMPLE = FunctionFamily(
     "edges of the corner pixels); iy likewise with H. With \"border\", ix is first clamped to [0, W-1] and iy "
     "to [0, H-1]. \"bilinear\" blends the four pixels (floor(ix) or floor(ix)+1, floor(iy) or floor(iy)+1) "
     "with the weights (1 - |ix - x|) * (1 - |iy - y|); \"nearest\" takes the pixel at (round(ix), round(iy)), "
-    "rounding halves to even. With \"zeros\", a pixel outside the image (out-of-range grid points) reads as "
-    "0. Return a tensor of shape (N, C, Ho, Wo) with the dtype of `input`. A size-1 dim (H = 1) is valid.",
+    "rounding halves to even. A pixel outside the image (out-of-range grid points) reads as 0: with "
+    "\"border\" only taps of weight 0 can fall outside, with \"zeros\" any can. Return a tensor of shape (N, C, Ho, Wo) with the dtype of `input`. A size-1 dim (H = 1) is valid.",
     (
         Case("typical bilinear", "blends the four pixels", lambda g: _grid(g, mode="bilinear")),
         Case("nearest", "rounding halves to even", lambda g: _grid(g, mode="nearest")),
@@ -595,7 +595,7 @@ CONV_TRANSPOSE1D = FunctionFamily(
     "p >= 0, `output_padding` op >= 0 (op < s or op < dilation), `dilation` d >= 1 and `groups` G >= 1 "
     "dividing Cin and Cout. The transposed convolution: Lout = (L - 1)*s - 2*p + d*(K - 1) + op + 1 (>= 1), "
     "and for group gi (input channels gi*Cin/G .. (gi+1)*Cin/G - 1, output channels gi*Cout/G + o), "
-    "out[n, gi*Cout/G + o, t] = bias (0 if None) + the sum over input channels c of the group, positions l "
+    "out[n, gi*Cout/G + o, t] = bias[gi*Cout/G + o] (0 when bias is None) + the sum over input channels c of the group, positions l "
     "and taps k with l*s - p + k*d == t of x[n, c, l] * weight[c, o, k]. Contributions landing outside "
     "[0, Lout) are dropped; output_padding only lengthens the output on the right. Return a tensor of shape "
     "(N, Cout, Lout) with the dtype of `x`. Sizes of 1 (L = 1, K = 1) are valid.",
