@@ -100,6 +100,8 @@ CROSS_ENTROPY = FunctionFamily(
 
 def _ctc(g, *, impossible=False, empty=False, repeats=False, blank_last=None, reduction=None, dtype=torch.float32):
     n, c, s = randint(g, 1, 3), randint(g, 3, 5), randint(g, 2 if impossible or reduction == "mean" else 1, 3)
+    if reduction == "mean":
+        n = max(n, 2)
     t = 2 * s + 1 + randint(g, 0, 3)
     blank = (c - 1 if blank_last else 0) if blank_last is not None else pick(g, [0, c - 1])
     labels = torch.tensor([k for k in range(c) if k != blank])
@@ -112,10 +114,10 @@ def _ctc(g, *, impossible=False, empty=False, repeats=False, blank_last=None, re
         if s == 1:
             targets = torch.cat([targets, targets], 1)
             target_lengths[:] = 2
-    if reduction == "mean":
-        target_lengths[0] = s
     if empty:
-        target_lengths[randint(g, 0, n - 1)] = 0
+        target_lengths[n - 1 if reduction == "mean" else randint(g, 0, n - 1)] = 0
+    if reduction == "mean":
+        target_lengths[0] = s  # a loss the per-length division changes
     if impossible:
         k = randint(g, 0, n - 1)
         target_lengths[k] = targets.shape[1]
