@@ -330,8 +330,8 @@ def _ln(g, *, rank=2, d=None, dtype=torch.float32, big_eps=False):
     lead = [randint(g, 1, 4)] + ([randint(g, 1, 3)] if rank == 3 else [])
     d = randint(g, 3, 6) if d is None else d  # D = 2 has grad_x = 0 exactly: all cancellation
     return {"x": normal(g, *lead, d, dtype=dtype), "weight": uniform(g, 0.5, 1.5, d, dtype=dtype),
-            "bias": normal(g, d, dtype=dtype), "eps": pick(g, [1e-5, 0.1]) if big_eps else 1e-5,
-            "grad_out": normal(g, *lead, d, dtype=dtype)}
+            "bias": normal(g, d, dtype=dtype), "eps": pick(g, [0.1, 1.0]) if big_eps or d == 1 else 1e-5,
+            "grad_out": normal(g, *lead, d, scale=0.05, dtype=dtype)}
 
 
 _LN_REF = (
@@ -398,7 +398,7 @@ def _msb(g, *, empty_row=False, large=False, temperature=None, dtype=torch.float
     scale = uniform(g, 200.0, 800.0, rows, 1) if large else torch.zeros(rows, 1)
     return {"x": (scale + normal(g, rows, cols, scale=1.5)).to(dtype), "mask": mask,
             "temperature": pick(g, [0.5, 1.0, 2.0]) if temperature is None else temperature,
-            "grad_out": normal(g, rows, cols, dtype=dtype)}
+            "grad_out": normal(g, rows, cols, scale=0.05, dtype=dtype)}
 
 
 _MSB_REF = (
@@ -453,7 +453,7 @@ def _bn(g, *, rank=2, n=None, dtype=torch.float32):
     n = randint(g, 3, 5) if n is None else n
     shape = [n, c] + ([randint(g, 3, 4)] if rank == 3 else [])  # a count of 2 has grad_x = 0 exactly
     return {"x": normal(g, *shape, dtype=dtype), "weight": uniform(g, 0.5, 1.5, c, dtype=dtype),
-            "bias": normal(g, c, dtype=dtype), "eps": 1e-5, "grad_out": normal(g, *shape, dtype=dtype)}
+            "bias": normal(g, c, dtype=dtype), "eps": 1e-5, "grad_out": normal(g, *shape, scale=0.05, dtype=dtype)}
 
 
 _BN_REF = (
