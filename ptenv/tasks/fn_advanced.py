@@ -1,3 +1,759 @@
-"""Function families of the advanced tier (ptenv/tasks/functions.py)."""
+"""Function families of the advanced tier (ptenv/tasks/functions.py): reimplementations of PyTorch
+ops, most of them in a variant no single torch op computes whole (a mode, a tie rule or an edge
+case the op lacks). Each family's comment says whether torch computes its contract whole.
 
-FAMILIES = []
+Many draws use dyadic values (small integers over a power of two), so that sums and products are
+exact in float32 and the float64 recompute gate never meets cancellation."""
+
+import torch
+
+from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.functions import Case, FunctionFamily
+
+
+def _dyadic(g, *shape, lim: int = 8, den: int = 4, dtype=torch.float32, nonzero: bool = False):
+    """Values k/den with k in [-lim, lim] (k != 0 when nonzero): exact in float32, sums stay exact."""
+    k = torch.randint(-lim, lim + 1, shape, generator=g)
+    if nonzero:
+        k = torch.where(k == 0, torch.ones_like(k), k)
+    return (k.to(torch.float64) / den).to(dtype)
+
+
+# --- embedding_bag ------------------------------------------------------------------------------
+# torch computes "sum", "mean" and "max" whole (F.embedding_bag); "wmean" (weights normalised per
+# bag) it does not.
+
+
+def _bags(g, *, mode=None, empty=False, pad=False, dtype=torch.float32, weights=None):
+    v, d, b = randint(g, 4, 8), randint(g, 1, 4), randint(g, 2, 5)
+    mode = mode or pick(g, ["sum", "mean", "max", "wmean"])
+    sizes = [randint(g, 1, 4) for _ in range(b)]
+    if empty:
+        sizes[randint(g, 0, b - 1)] = 0
+    indices = torch.randint(0, v, (sum(sizes),), generator=g)
+    padding_idx = None
+    if pad:
+        padding_idx = randint(g, 0, v - 1)
+        full = [i for i, s in enumerate(sizes) if s > 0]
+        start = sum(sizes[: full[0]])
+        indices[start: start + sizes[full[0]]] = padding_idx  # a bag of padding only
+        if sum(sizes) > sizes[full[0]]:
+            indices[randint(g, 0, sum(sizes) - 1)] = padding_idx
+    offsets = torch.tensor([0] + sizes[:-1], dtype=torch.int64).cumsum(0)
+    if weights is None:
+        weights = mode == "wmean" or (mode == "sum" and bool(randint(g, 0, 1)))
+    psw = (torch.randint(1, 9, (sum(sizes),), generator=g).double() / 4).to(dtype) if weights else None
+    return {"weight": _dyadic(g, v, d, dtype=dtype), "indices": indices, "offsets": offsets, "mode": mode,
+            "per_sample_weights": psw, "padding_idx": padding_idx}
+
+
+EMBEDDING_BAG = FunctionFamily(
+    "nn_modules/embedding_bag_fn", "embedding_bag",
+    ("weight", "indices", "offsets", "mode", "per_sample_weights", "padding_idx"),
+    "`weight` is a float tensor of shape (V, D) (V, D >= 1; float32 or float64), `indices` an int64 tensor "
+    "of shape (L,) with values in [0, V), and `offsets` an int64 tensor of shape (B,) (B >= 1) with "
+    "offsets[0] == 0, non-decreasing, every value <= L: bag b holds the positions offsets[b] .. "
+    "offsets[b+1]-1 of `indices` (the last bag runs to L-1). `padding_idx` is None or an int in [0, V): "
+    "a position whose index equals padding_idx is dropped from its bag as if it were absent. `mode` is one "
+    "of \"sum\", \"mean\", \"max\", \"wmean\". `per_sample_weights` is None or a strictly positive float "
+    "tensor of shape (L,) and the dtype of `weight`; it is given only when mode is \"sum\" or \"wmean\", and "
+    "always for \"wmean\" (None means every weight is 1). Over the kept positions p of a bag, with rows "
+    "r_p = weight[indices[p]] and weights w_p: \"sum\" is sum of w_p * r_p; \"mean\" is the plain average "
+    "of the r_p; \"max\" is their elementwise maximum; \"wmean\" is sum of w_p * r_p divided by sum of w_p. "
+    "A bag with no kept positions (an empty bag, or a bag holding only padding_idx entries) gives a row of "
+    "zeros in every mode. Return a tensor of shape (B, D) with the dtype of `weight`.",
+    (
+        Case("typical bags", "bag b holds the positions", lambda g: _bags(g)),
+        Case("weighted mean", "\"wmean\" is sum of w_p * r_p divided by sum of w_p", lambda g: _bags(g, mode="wmean")),
+        Case("empty bag", "an empty bag", lambda g: _bags(g, empty=True, mode=pick(g, ["mean", "max", "wmean"]))),
+        Case("padding_idx row", "a bag holding only padding_idx entries",
+             lambda g: _bags(g, pad=True, mode=pick(g, ["sum", "mean", "max", "wmean"]))),
+        Case("per-sample weights", "None means every weight is 1", lambda g: _bags(g, mode="sum", weights=True)),
+        Case("float64 input", "float32 or float64", lambda g: _bags(g, dtype=torch.float64, pad=True)),
+    ),
+    "def embedding_bag(weight, indices, offsets, mode, per_sample_weights, padding_idx):\n"
+    "    L, B = indices.shape[0], offsets.shape[0]\n"
+    "    out = torch.zeros(B, weight.shape[1], dtype=weight.dtype)\n"
+    "    ends = offsets[1:].tolist() + [L]\n"
+    "    for b in range(B):\n"
+    "        s, e = int(offsets[b]), int(ends[b])\n"
+    "        idx = indices[s:e]\n"
+    "        w = per_sample_weights[s:e] if per_sample_weights is not None else torch.ones(e - s, dtype=weight.dtype)\n"
+    "        if padding_idx is not None:\n"
+    "            keep = idx != padding_idx\n"
+    "            idx, w = idx[keep], w[keep]\n"
+    "        if len(idx) == 0:\n"
+    "            continue\n"
+    "        rows = weight[idx]\n"
+    "        if mode == 'sum':\n"
+    "            out[b] = (w[:, None] * rows).sum(0)\n"
+    "        elif mode == 'mean':\n"
+    "            out[b] = rows.mean(0)\n"
+    "        elif mode == 'max':\n"
+    "            out[b] = rows.amax(0)\n"
+    "        else:\n"
+    "            out[b] = (w[:, None] * rows).sum(0) / w.sum()\n"
+    "    return out\n",
+    wrong={
+        "wmean_unnormalised":
+            "def embedding_bag(weight, indices, offsets, mode, per_sample_weights, padding_idx):\n"
+            "    import torch.nn.functional as F\n"
+            "    m = 'sum' if mode == 'wmean' else mode\n"
+            "    return F.embedding_bag(indices, weight, offsets, mode=m, per_sample_weights=per_sample_weights,\n"
+            "                           padding_idx=padding_idx)\n",
+        "padding_kept":
+            "def embedding_bag(weight, indices, offsets, mode, per_sample_weights, padding_idx):\n"
+            "    L, B = indices.shape[0], offsets.shape[0]\n"
+            "    out = torch.zeros(B, weight.shape[1], dtype=weight.dtype)\n"
+            "    ends = offsets[1:].tolist() + [L]\n"
+            "    for b in range(B):\n"
+            "        s, e = int(offsets[b]), int(ends[b])\n"
+            "        idx = indices[s:e]\n"
+            "        w = per_sample_weights[s:e] if per_sample_weights is not None else torch.ones(e - s, dtype=weight.dtype)\n"
+            "        if len(idx) == 0:\n"
+            "            continue\n"
+            "        rows = weight[idx]\n"
+            "        if mode == 'sum':\n"
+            "            out[b] = (w[:, None] * rows).sum(0)\n"
+            "        elif mode == 'mean':\n"
+            "            out[b] = rows.mean(0)\n"
+            "        elif mode == 'max':\n"
+            "            out[b] = rows.amax(0)\n"
+            "        else:\n"
+            "            out[b] = (w[:, None] * rows).sum(0) / w.sum()\n"
+            "    return out\n",
+    },
+    hint="`torch.nn.functional.embedding_bag` covers sum, mean and max; loop over the bags (or use "
+         "`index_add_` with a bag id per position) for the weighted mean.",
+)
+
+
+# --- scatter_reduce -----------------------------------------------------------------------------
+# torch computes "sum", "prod", "mean", "amax" and "amin" whole (Tensor.index_reduce /
+# scatter_reduce, include_self); "range" it does not.
+
+
+def _scatter(g, *, reduce=None, include_self=None, untouched=False, n=None, dtype=torch.float32):
+    m, d = randint(g, 3, 5), randint(g, 1, 3)
+    n = randint(g, 4, 9) if n is None else n
+    reduce = reduce or pick(g, ["sum", "prod", "mean", "amax", "amin", "range"])
+    targets = torch.randperm(m, generator=g)[: m - 1] if untouched else torch.arange(m)
+    index = targets[torch.randint(0, len(targets), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
+    include_self = bool(randint(g, 0, 1)) if include_self is None else include_self
+    return {"self": _dyadic(g, m, d, dtype=dtype, nonzero=True), "index": index,
+            "src": _dyadic(g, n, d, dtype=dtype, nonzero=True), "reduce": reduce, "include_self": include_self}
+
+
+_SCATTER_REF = (
+    "def scatter_reduce(self, index, src, reduce, include_self):\n"
+    "    out = self.clone()\n"
+    "    for m in range(self.shape[0]):\n"
+    "        rows = src[index == m]\n"
+    "        if len(rows) == 0:\n"
+    "            continue\n"
+    "        if include_self:\n"
+    "            rows = torch.cat([self[m:m + 1], rows])\n"
+    "        if reduce == 'sum':\n"
+    "            out[m] = rows.sum(0)\n"
+    "        elif reduce == 'prod':\n"
+    "            out[m] = rows.prod(0)\n"
+    "        elif reduce == 'mean':\n"
+    "            out[m] = rows.mean(0)\n"
+    "        elif reduce == 'amax':\n"
+    "            out[m] = rows.amax(0)\n"
+    "        elif reduce == 'amin':\n"
+    "            out[m] = rows.amin(0)\n"
+    "        else:\n"
+    "            out[m] = rows.amax(0) - rows.amin(0)\n"
+    "    return out\n"
+)
+
+SCATTER_REDUCE = FunctionFamily(
+    "tensor_ops/scatter_reduce_fn", "scatter_reduce", ("self", "index", "src", "reduce", "include_self"),
+    "`self` is a float tensor of shape (M, D) (M, D >= 1; float32 or float64), `index` an int64 tensor of "
+    "shape (N,) (N >= 0) with values in [0, M), `src` a tensor of shape (N, D) with the dtype of `self`, "
+    "`reduce` one of \"sum\", \"prod\", \"mean\", \"amax\", \"amin\", \"range\", and `include_self` a bool. "
+    "Return a new tensor like `self` (same shape and dtype; `self` is not modified) whose row m is computed "
+    "from the rows src[n] with index[n] == m, together with the row self[m] when include_self is True: their "
+    "elementwise sum, product, mean (dividing by the number of rows taken, self[m] counting as one when "
+    "included), maximum, minimum, or for \"range\" the elementwise maximum minus the elementwise minimum "
+    "(0 when only one row is taken). A row m that no index points to (an untouched row, which includes "
+    "every row when N is 0) is copied from self[m] unchanged, whatever `reduce` and `include_self` are.",
+    (
+        Case("typical scatter", "whose row m is computed", lambda g: _scatter(g)),
+        Case("include_self False", "together with the row self[m] when include_self is True",
+             lambda g: _scatter(g, include_self=False, reduce=pick(g, ["sum", "prod", "mean", "range"]))),
+        Case("range reduce", "the elementwise maximum minus the elementwise minimum", lambda g: _scatter(g, reduce="range")),
+        Case("untouched row", "A row m that no index points to",
+             lambda g: _scatter(g, untouched=True, include_self=False, reduce=pick(g, ["sum", "range"]))),
+        Case("no sources", "when N is 0", lambda g: _scatter(g, n=0)),
+        Case("float64 input", "float32 or float64", lambda g: _scatter(g, dtype=torch.float64, untouched=True)),
+    ),
+    _SCATTER_REF,
+    wrong={
+        "untouched_reset":
+            "def scatter_reduce(self, index, src, reduce, include_self):\n"
+            "    if reduce == 'range':\n"
+            "        hi = self.index_reduce(0, index, src, 'amax', include_self=include_self)\n"
+            "        lo = self.index_reduce(0, index, src, 'amin', include_self=include_self)\n"
+            "        return hi - lo\n"
+            "    if reduce == 'sum':\n"
+            "        base = self if include_self else torch.zeros_like(self)\n"
+            "        return base.index_add(0, index, src)\n"
+            "    return self.index_reduce(0, index, src, reduce, include_self=include_self)\n",
+        "include_self_ignored": _SCATTER_REF.replace("if include_self:", "if True:"),
+    },
+    hint="`Tensor.index_reduce` (or `scatter_reduce` with an expanded index) covers the torch reductions; "
+         "mind which rows no index reaches.",
+)
+
+
+# --- unfold (im2col) with a padding mode --------------------------------------------------------
+# torch computes "zeros" whole (F.unfold); "reflect" and "replicate" it does not (F.pad first).
+
+
+def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
+    n, c = randint(g, 1, 2), randint(g, 1, 3)
+    h, w = (1, randint(g, 3, 6)) if tiny else (randint(g, 3, 6), randint(g, 3, 6))
+    kh, kw = (1, randint(g, 1, 3)) if tiny else (randint(g, 1, 3), randint(g, 1, 3))
+    mode = mode or pick(g, ["zeros", "reflect", "replicate"])
+    ph = 0 if tiny else randint(g, 0, min(2, h - 1))
+    pw = randint(g, 0, min(2, w - 1))
+    sh, sw = (randint(g, 1, 2), randint(g, 1, 2)) if strided else (1, 1)
+    dh, dw = (randint(g, 1, 2), randint(g, 1, 2)) if strided else (1, 1)
+    while h + 2 * ph < dh * (kh - 1) + 1:
+        dh -= 1
+    while w + 2 * pw < dw * (kw - 1) + 1:
+        dw -= 1
+    return {"x": _dyadic(g, n, c, h, w, dtype=dtype), "kernel_size": [kh, kw], "stride": [sh, sw],
+            "padding": [ph, pw], "dilation": [dh, dw], "padding_mode": mode}
+
+
+UNFOLD = FunctionFamily(
+    "tensor_ops/unfold_fn", "unfold", ("x", "kernel_size", "stride", "padding", "dilation", "padding_mode"),
+    "`x` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64); `kernel_size`, `stride`, "
+    "`padding` and `dilation` are lists of two ints [for H, for W] (kernel, stride and dilation >= 1, "
+    "padding >= 0, and padding < H and < W respectively); `padding_mode` is \"zeros\", \"reflect\" or "
+    "\"replicate\". First pad x by padding[0] rows above and below and padding[1] columns left and right: "
+    "\"zeros\" pads with 0; \"reflect\" mirrors about the edge without repeating it (columns -1, -2 are "
+    "columns 1, 2); \"replicate\" repeats the edge row or column. Then extract patches as "
+    "torch.nn.functional.unfold does: with Hp = H + 2*padding[0], the output height is "
+    "OH = (Hp - dilation[0]*(kernel_size[0]-1) - 1) // stride[0] + 1 (likewise OW; the sizes guarantee "
+    "OH, OW >= 1), and out[n, c*kh*kw + i*kw + j, oh*OW + ow] = padded[n, c, oh*stride[0] + i*dilation[0], "
+    "ow*stride[1] + j*dilation[1]]. Return a tensor of shape (N, C*kh*kw, OH*OW) with the dtype of `x`. "
+    "Sizes of 1 (H = 1, a 1-wide kernel) are valid.",
+    (
+        Case("zero padding", "\"zeros\" pads with 0", lambda g: _unfold(g, mode="zeros")),
+        Case("reflect padding", "\"reflect\" mirrors about the edge", lambda g: _unfold(g, mode="reflect")),
+        Case("replicate padding", "\"replicate\" repeats the edge", lambda g: _unfold(g, mode="replicate")),
+        Case("stride and dilation", "ow*stride[1] + j*dilation[1]", lambda g: _unfold(g, strided=True)),
+        Case("size-1 dims", "Sizes of 1", lambda g: _unfold(g, tiny=True)),
+        Case("float64 input", "float32 or float64", lambda g: _unfold(g, dtype=torch.float64, strided=True)),
+    ),
+    "def unfold(x, kernel_size, stride, padding, dilation, padding_mode):\n"
+    "    import torch.nn.functional as F\n"
+    "    ph, pw = padding\n"
+    "    mode = 'constant' if padding_mode == 'zeros' else padding_mode\n"
+    "    padded = F.pad(x, (pw, pw, ph, ph), mode=mode) if ph or pw else x\n"
+    "    return F.unfold(padded, kernel_size, dilation=dilation, padding=0, stride=stride)\n",
+    wrong={
+        "zeros_always":
+            "def unfold(x, kernel_size, stride, padding, dilation, padding_mode):\n"
+            "    import torch.nn.functional as F\n"
+            "    return F.unfold(x, kernel_size, dilation=dilation, padding=padding, stride=stride)\n",
+        "reflect_as_symmetric":
+            "def unfold(x, kernel_size, stride, padding, dilation, padding_mode):\n"
+            "    import torch.nn.functional as F\n"
+            "    ph, pw = padding\n"
+            "    if padding_mode == 'reflect':\n"
+            "        top, bottom = x[:, :, :ph].flip(2), x[:, :, x.shape[2] - ph:].flip(2)\n"
+            "        x = torch.cat([top, x, bottom], 2)\n"
+            "        left, right = x[..., :pw].flip(3), x[..., x.shape[3] - pw:].flip(3)\n"
+            "        x = torch.cat([left, x, right], 3)\n"
+            "    else:\n"
+            "        mode = 'constant' if padding_mode == 'zeros' else padding_mode\n"
+            "        x = F.pad(x, (pw, pw, ph, ph), mode=mode)\n"
+            "    return F.unfold(x, kernel_size, dilation=dilation, padding=0, stride=stride)\n",
+        "channel_last_rows":
+            "def unfold(x, kernel_size, stride, padding, dilation, padding_mode):\n"
+            "    import torch.nn.functional as F\n"
+            "    ph, pw = padding\n"
+            "    mode = 'constant' if padding_mode == 'zeros' else padding_mode\n"
+            "    x = F.pad(x, (pw, pw, ph, ph), mode=mode)\n"
+            "    out = F.unfold(x, kernel_size, dilation=dilation, padding=0, stride=stride)\n"
+            "    n, c = x.shape[:2]\n"
+            "    return out.reshape(n, c, -1, out.shape[-1]).transpose(1, 2).reshape(out.shape)\n",
+    },
+    hint="`torch.nn.functional.pad` has \"reflect\" and \"replicate\" modes; `torch.nn.functional.unfold` "
+         "extracts the patches.",
+)
+
+
+# --- fold (col2im) with a mean reduction --------------------------------------------------------
+# torch computes "sum" whole (F.fold); "mean" (each pixel divided by its coverage) it does not.
+
+
+def _fold(g, *, reduction=None, gaps=False, dtype=torch.float32, padded=False):
+    n, c = randint(g, 1, 2), randint(g, 1, 2)
+    kh, kw = randint(g, 1, 3), randint(g, 1, 3)
+    if gaps:
+        sh, sw = kh + 1, randint(g, 1, 2)
+    else:
+        sh, sw = randint(g, 1, kh), randint(g, 1, kw)
+    ph, pw = (randint(g, 1, 2), randint(g, 0, 1)) if padded else (0, 0)
+    dh, dw = 1, 1
+    h, w = randint(g, max(kh + gaps, 3), 6), randint(g, max(kw, 3), 6)
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    reduction = reduction or pick(g, ["sum", "mean"])
+    return {"cols": _dyadic(g, n, c * kh * kw, oh * ow, dtype=dtype), "output_size": [h, w],
+            "kernel_size": [kh, kw], "stride": [sh, sw], "padding": [ph, pw], "dilation": [dh, dw],
+            "reduction": reduction}
+
+
+_FOLD_REF = (
+    "def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):\n"
+    "    import torch.nn.functional as F\n"
+    "    kw = dict(kernel_size=kernel_size, dilation=dilation, padding=padding, stride=stride)\n"
+    "    total = F.fold(cols, output_size, **kw)\n"
+    "    if reduction == 'sum':\n"
+    "        return total\n"
+    "    count = F.fold(torch.ones_like(cols), output_size, **kw)\n"
+    "    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))\n"
+)
+
+FOLD = FunctionFamily(
+    "tensor_ops/fold_fn", "fold", ("cols", "output_size", "kernel_size", "stride", "padding", "dilation", "reduction"),
+    "The inverse layout of im2col. `output_size` = [H, W], `kernel_size` = [kh, kw], `stride`, `padding` and "
+    "`dilation` are lists of two ints (kernel, stride, dilation >= 1, padding >= 0). With "
+    "OH = (H + 2*padding[0] - dilation[0]*(kh-1) - 1) // stride[0] + 1 and OW likewise (both >= 1), `cols` is "
+    "a float tensor of shape (N, C*kh*kw, OH*OW) (float32 or float64), and its entry "
+    "cols[n, c*kh*kw + i*kw + j, oh*OW + ow] belongs to pixel (oh*stride[0] + i*dilation[0] - padding[0], "
+    "ow*stride[1] + j*dilation[1] - padding[1]) of channel c; entries whose pixel lies outside the H x W "
+    "image (in the padding) are discarded. `reduction` is \"sum\" or \"mean\": \"sum\" adds all entries "
+    "belonging to a pixel (as torch.nn.functional.fold does); \"mean\" divides that sum by the number of "
+    "entries belonging to the pixel. A pixel no entry belongs to (a gap between strided patches) is 0 in "
+    "both. Return a tensor of shape (N, C, H, W) with the dtype of `cols`.",
+    (
+        Case("typical fold", "adds all entries belonging to a pixel", lambda g: _fold(g)),
+        Case("mean reduction", "\"mean\" divides that sum", lambda g: _fold(g, reduction="mean")),
+        Case("uncovered pixels", "a gap between strided patches", lambda g: _fold(g, gaps=True, reduction="mean")),
+        Case("padding", "(in the padding) are discarded", lambda g: _fold(g, padded=True)),
+        Case("float64 input", "float32 or float64", lambda g: _fold(g, dtype=torch.float64, reduction="mean")),
+    ),
+    _FOLD_REF,
+    wrong={
+        "nan_gaps":
+            _FOLD_REF.replace("torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))",
+                              "total / count"),
+        "divide_by_kernel_area":
+            _FOLD_REF.replace("torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))",
+                              "total / (kernel_size[0] * kernel_size[1])"),
+    },
+    hint="`torch.nn.functional.fold` sums the patches; fold a tensor of ones to count them.",
+)
+
+
+# --- max_pool2d with indices, ties to the last -------------------------------------------------
+# torch does not compute it whole: F.max_pool2d(return_indices=True) gives ties to the first
+# element of the window on CPU; this contract gives them to the last.
+
+
+def _pool(g, *, ceil=None, ties=False, dtype=torch.float32, dilated=False, tiny=False):
+    n, c = randint(g, 1, 2), randint(g, 1, 2)
+    k = 1 if tiny else randint(g, 2, 3)
+    s = randint(g, 1, 3)
+    p = randint(g, 0, k // 2)
+    d = randint(g, 1, 2) if dilated else 1
+    ext = d * (k - 1) + 1
+    h, w = (1, randint(g, 2, 6)) if tiny else (randint(g, max(ext, 3), 7), randint(g, max(ext, 3), 7))
+    if tiny or ties:
+        p = 0
+    if ties and not tiny:
+        s = 1
+    if ceil:
+        for _ in range(50):  # a ceil_mode output larger than the floor one
+            s, h = randint(g, 2, 3), randint(g, max(ext, 3), 7)
+            if (h + 2 * p - ext) % s and ((h + 2 * p - ext) // s + 1) * s < h + p:
+                break
+    x = torch.randint(0, 2, (n, c, h, w), generator=g).to(dtype) if ties else normal(g, n, c, h, w, dtype=dtype)
+    return {"x": x, "kernel_size": k, "stride": s, "padding": p, "dilation": d,
+            "ceil_mode": bool(randint(g, 0, 1)) if ceil is None else ceil}
+
+
+_POOL_REF = (
+    "def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):\n"
+    "    import math\n"
+    "    N, C, H, W = x.shape\n"
+    "    k, s, p, d = kernel_size, stride, padding, dilation\n"
+    "    def size(L):\n"
+    "        span = L + 2 * p - d * (k - 1) - 1\n"
+    "        o = (math.ceil(span / s) if ceil_mode else span // s) + 1\n"
+    "        if ceil_mode and (o - 1) * s >= L + p:\n"
+    "            o -= 1\n"
+    "        return o\n"
+    "    OH, OW = size(H), size(W)\n"
+    "    vals = torch.empty(N, C, OH, OW, dtype=x.dtype)\n"
+    "    idx = torch.empty(N, C, OH, OW, dtype=torch.int64)\n"
+    "    for oh in range(OH):\n"
+    "        for ow in range(OW):\n"
+    "            best_v, best_i = None, None\n"
+    "            for i in range(k):\n"
+    "                for j in range(k):\n"
+    "                    h, w = oh * s - p + i * d, ow * s - p + j * d\n"
+    "                    if 0 <= h < H and 0 <= w < W:\n"
+    "                        v = x[:, :, h, w]\n"
+    "                        f = torch.full((N, C), h * W + w, dtype=torch.int64)\n"
+    "                        if best_v is None:\n"
+    "                            best_v, best_i = v.clone(), f\n"
+    "                        else:\n"
+    "                            take = v >= best_v\n"
+    "                            best_v = torch.where(take, v, best_v)\n"
+    "                            best_i = torch.where(take, f, best_i)\n"
+    "            vals[:, :, oh, ow], idx[:, :, oh, ow] = best_v, best_i\n"
+    "    return vals, idx\n"
+)
+
+MAX_POOL2D = FunctionFamily(
+    "nn_modules/max_pool2d_fn", "max_pool2d", ("x", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+    "`x` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64); `kernel_size` k, `stride` s, "
+    "`padding` p and `dilation` d are ints (k, s, d >= 1, 0 <= p <= k // 2) applied to both spatial dims, and "
+    "`ceil_mode` a bool. Output size per dim (L = H or W): with span = L + 2*p - d*(k-1) - 1 (>= 0), "
+    "O = floor(span / s) + 1, or when ceil_mode is True O = ceil(span / s) + 1 reduced by 1 if "
+    "(O-1)*s >= L + p (the last window must start inside the input or its left padding). Window (oh, ow) "
+    "covers input rows oh*s - p + i*d and columns ow*s - p + j*d for i, j in [0, k); positions outside the "
+    "input are ignored (every window holds at least one input position). Return a tuple (values, indices): "
+    "values (N, C, OH, OW) with the dtype of `x`, the maximum over each window; indices (N, C, OH, OW) "
+    "int64, the flat position h*W + w in the input plane of that maximum. Ties: when several positions of "
+    "a window hold the maximum, the index is the largest of their flat positions.",
+    (
+        Case("typical pooling", "the maximum over each window", lambda g: _pool(g, ceil=False)),
+        Case("ceil_mode", "when ceil_mode is True", lambda g: _pool(g, ceil=True)),
+        Case("tied maxima", "the index is the largest of their flat positions", lambda g: _pool(g, ties=True)),
+        Case("dilation", "ow*s - p + j*d", lambda g: _pool(g, dilated=True)),
+        Case("size-1 dims", "(all >= 1", lambda g: _pool(g, tiny=True, ties=True)),
+        Case("float64 input", "float32 or float64", lambda g: _pool(g, dtype=torch.float64, dilated=True)),
+    ),
+    _POOL_REF,
+    wrong={
+        "first_tie":
+            "def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):\n"
+            "    import torch.nn.functional as F\n"
+            "    return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True)\n",
+        "floor_always": _POOL_REF.replace("(math.ceil(span / s) if ceil_mode else span // s)", "span // s"),
+    },
+    hint="pad with -inf (`torch.nn.functional.pad`, enough on the right for ceil_mode), gather each window's "
+         "positions (`Tensor.unfold`, then every d-th), and take the last maximum: `argmax` of the window "
+         "reversed. `max_pool2d(..., return_indices=True)` gives ties to the first position instead.",
+)
+
+
+# --- adaptive pooling 1d with avg / max / min ---------------------------------------------------
+# torch computes "avg" and "max" whole (F.adaptive_avg_pool1d / adaptive_max_pool1d); "min" is
+# the negated max.
+
+
+def _adaptive(g, *, mode=None, up=False, dtype=torch.float32, one=False):
+    n, c = randint(g, 1, 2), randint(g, 1, 3)
+    length = 1 if one else randint(g, 3, 10)
+    out = randint(g, length + 1, length + 4) if up else (randint(g, 1, 4) if one else randint(g, 2, length))
+    return {"x": _dyadic(g, n, c, length, dtype=dtype), "output_size": out,
+            "mode": mode or pick(g, ["avg", "max", "min"])}
+
+
+_ADAPTIVE_REF = (
+    "def adaptive_pool1d(x, output_size, mode):\n"
+    "    L = x.shape[-1]\n"
+    "    outs = []\n"
+    "    for i in range(output_size):\n"
+    "        start, end = (i * L) // output_size, -((-(i + 1) * L) // output_size)\n"
+    "        w = x[..., start:end]\n"
+    "        outs.append(w.mean(-1) if mode == 'avg' else w.amax(-1) if mode == 'max' else w.amin(-1))\n"
+    "    return torch.stack(outs, -1)\n"
+)
+
+ADAPTIVE_POOL1D = FunctionFamily(
+    "nn_modules/adaptive_pool1d_fn", "adaptive_pool1d", ("x", "output_size", "mode"),
+    "`x` is a float tensor of shape (N, C, L) (N, C, L >= 1; float32 or float64), `output_size` an int O >= 1 "
+    "(it may be larger than L), and `mode` one of \"avg\", \"max\", \"min\". Output position i (0 <= i < O) "
+    "pools the input positions start_i .. end_i - 1 with start_i = floor(i*L / O) and end_i = "
+    "ceil((i+1)*L / O) (integer arithmetic; windows may overlap and always hold at least one position): "
+    "their mean, maximum or minimum. Return a tensor of shape (N, C, O) with the dtype of `x`.",
+    (
+        Case("typical pooling", "pools the input positions", lambda g: _adaptive(g)),
+        Case("min mode", "their mean, maximum or minimum", lambda g: _adaptive(g, mode="min")),
+        Case("output larger than input", "it may be larger than L", lambda g: _adaptive(g, up=True)),
+        Case("length 1", "L >= 1", lambda g: _adaptive(g, one=True)),
+        Case("float64 input", "float32 or float64", lambda g: _adaptive(g, dtype=torch.float64, mode="avg")),
+    ),
+    _ADAPTIVE_REF,
+    wrong={
+        "even_bins": _ADAPTIVE_REF.replace("-((-(i + 1) * L) // output_size)", "((i + 1) * L) // output_size"),
+        "stride_bins":
+            "def adaptive_pool1d(x, output_size, mode):\n"
+            "    import torch.nn.functional as F\n"
+            "    L = x.shape[-1]\n"
+            "    k = max(L // output_size, 1)\n"
+            "    outs = [x[..., min(i * k, L - 1):min(i * k, L - 1) + k] for i in range(output_size)]\n"
+            "    f = (lambda w: w.mean(-1)) if mode == 'avg' else (lambda w: w.amax(-1)) if mode == 'max' else (lambda w: w.amin(-1))\n"
+            "    return torch.stack([f(w) for w in outs], -1)\n",
+    },
+    hint="`torch.nn.functional.adaptive_avg_pool1d` and `adaptive_max_pool1d` use these windows.",
+)
+
+
+# --- linear interpolation 1d --------------------------------------------------------------------
+# torch computes it whole (F.interpolate(mode="linear")): relies on a future ban.
+
+
+def _interp(g, *, align=None, up=None, dtype=torch.float32, one=None):
+    n, c = randint(g, 1, 2), randint(g, 1, 3)
+    length = randint(g, 2, 7)
+    size = randint(g, length + 1, 2 * length + 2) if up else randint(g, 2, max(length - 1, 2))
+    if one == "in":
+        length = 1
+    elif one == "out":
+        size = 1
+    return {"x": uniform(g, 1.0, 3.0, n, c, length, dtype=dtype), "size": size,
+            "align_corners": bool(randint(g, 0, 1)) if align is None else align}
+
+
+_INTERP_REF = (
+    "def interpolate_linear(x, size, align_corners):\n"
+    "    L = x.shape[-1]\n"
+    "    out = []\n"
+    "    for i in range(size):\n"
+    "        if align_corners:\n"
+    "            src = i * (L - 1) / (size - 1) if size > 1 else 0.0\n"
+    "        else:\n"
+    "            src = max((i + 0.5) * L / size - 0.5, 0.0)\n"
+    "        i0 = min(int(src), L - 1)\n"
+    "        i1 = min(i0 + 1, L - 1)\n"
+    "        lam = src - i0\n"
+    "        out.append(x[..., i0] * (1 - lam) + x[..., i1] * lam)\n"
+    "    return torch.stack(out, -1)\n"
+)
+
+INTERPOLATE_LINEAR = FunctionFamily(
+    "nn_modules/interpolate_linear_fn", "interpolate_linear", ("x", "size", "align_corners"),
+    "`x` is a float tensor of shape (N, C, L) (N, C, L >= 1; float32 or float64), `size` an int S >= 1 and "
+    "`align_corners` a bool. Return a tensor of shape (N, C, S) with the dtype of `x`, the linear "
+    "resampling of x along its last dim: output position i reads the source coordinate src_i, where with "
+    "align_corners True src_i = i*(L-1)/(S-1) (and src_0 = 0 when S is 1), and with align_corners False "
+    "src_i = (i + 0.5)*L/S - 0.5, clamped below at 0. With i0 = floor(src_i) clamped to L-1, i1 = "
+    "min(i0 + 1, L-1) and lam = src_i - i0, the output is x[..., i0]*(1 - lam) + x[..., i1]*lam. An input "
+    "of length 1 (L = 1) gives its value at every position.",
+    (
+        Case("typical resampling", "the linear resampling", lambda g: _interp(g)),
+        Case("upsampling, align_corners False", "clamped below at 0", lambda g: _interp(g, align=False, up=True)),
+        Case("align_corners True", "align_corners True src_i", lambda g: _interp(g, align=True, up=bool(randint(g, 0, 1)))),
+        Case("output size 1", "when S is 1", lambda g: _interp(g, one="out", align=True)),
+        Case("input length 1", "An input of length 1", lambda g: _interp(g, one="in")),
+        Case("float64 input", "float32 or float64", lambda g: _interp(g, dtype=torch.float64, up=True)),
+    ),
+    _INTERP_REF,
+    wrong={
+        "align_corners_swapped": _INTERP_REF.replace("if align_corners:", "if not align_corners:"),
+        "no_clamp": _INTERP_REF.replace("src = max((i + 0.5) * L / size - 0.5, 0.0)", "src = (i + 0.5) * L / size - 0.5"),
+    },
+    hint="`torch.nn.functional.interpolate(x, size=S, mode=\"linear\", align_corners=...)`.",
+)
+
+
+# --- cumulative ops with reverse and exclusive --------------------------------------------------
+# torch computes the inclusive forward scans whole (cumsum, cumprod, cummax, cummin); reverse and
+# exclusive scans it does not.
+
+
+def _cumul(g, *, op=None, reverse=None, exclusive=None, dtype=torch.float32, rank=None):
+    rank = rank or randint(g, 1, 3)
+    shape = [randint(g, 1, 3) for _ in range(rank)]
+    dim = randint(g, -rank, rank - 1)
+    shape[dim] = randint(g, 2, 6)
+    op = op or pick(g, ["sum", "prod", "max", "min"])
+    if op == "prod":
+        values = torch.tensor([-2.0, -1.5, -1.0, -0.5, 0.5, 1.0, 1.5, 2.0], dtype=torch.float64)
+        x = values[torch.randint(0, 8, shape, generator=g)].to(dtype)
+    else:
+        x = _dyadic(g, *shape, dtype=dtype)
+    if op in ("max", "min"):
+        exclusive = False
+    elif exclusive is None:
+        exclusive = bool(randint(g, 0, 1))
+    return {"x": x, "dim": dim, "op": op, "reverse": bool(randint(g, 0, 1)) if reverse is None else reverse,
+            "exclusive": exclusive}
+
+
+_CUMUL_REF = (
+    "def cumulative(x, dim, op, reverse, exclusive):\n"
+    "    y = x.flip(dim) if reverse else x\n"
+    "    if op == 'sum':\n"
+    "        out = y.cumsum(dim)\n"
+    "    elif op == 'prod':\n"
+    "        out = y.cumprod(dim)\n"
+    "    elif op == 'max':\n"
+    "        out = y.cummax(dim).values\n"
+    "    else:\n"
+    "        out = y.cummin(dim).values\n"
+    "    if exclusive:\n"
+    "        first = torch.zeros_like(y.narrow(dim, 0, 1)) if op == 'sum' else torch.ones_like(y.narrow(dim, 0, 1))\n"
+    "        out = torch.cat([first, out.narrow(dim, 0, y.shape[dim] - 1)], dim)\n"
+    "    return out.flip(dim) if reverse else out\n"
+)
+
+CUMULATIVE = FunctionFamily(
+    "tensor_ops/cumulative_fn", "cumulative", ("x", "dim", "op", "reverse", "exclusive"),
+    "`x` is a float tensor of rank 1 to 3 (float32 or float64), `dim` an int in [-rank, rank) (negative "
+    "counts from the end), `op` one of \"sum\", \"prod\", \"max\", \"min\", and `reverse` and `exclusive` "
+    "bools; `exclusive` is False whenever op is \"max\" or \"min\". Return a tensor like `x` (same shape and "
+    "dtype) whose entry at position t along `dim` combines with `op` the entries at positions 0..t (an "
+    "inclusive scan), or when reverse is True the positions t..end. When exclusive is True the entry at "
+    "position t itself is left out: positions 0..t-1 (reverse: t+1..end), and the empty combination is 0 "
+    "for \"sum\" and 1 for \"prod\".",
+    (
+        Case("typical scan", "an inclusive scan", lambda g: _cumul(g, reverse=False, exclusive=False)),
+        Case("reverse scan", "when reverse is True", lambda g: _cumul(g, reverse=True)),
+        Case("exclusive scan", "the empty combination is 0",
+             lambda g: _cumul(g, op=pick(g, ["sum", "prod"]), exclusive=True)),
+        Case("max or min", "\"max\" or \"min\"", lambda g: _cumul(g, op=pick(g, ["max", "min"]), reverse=True)),
+        Case("negative dim", "negative counts from the end",
+             lambda g: {**_cumul(g, rank=3), "dim": -1}),
+        Case("float64 input", "float32 or float64", lambda g: _cumul(g, dtype=torch.float64)),
+    ),
+    _CUMUL_REF,
+    wrong={
+        "reverse_not_flipped_back": _CUMUL_REF.replace("return out.flip(dim) if reverse else out", "return out"),
+        "exclusive_ignored": _CUMUL_REF.replace("if exclusive:", "if False:"),
+    },
+    hint="`torch.cumsum`, `cumprod`, `cummax`, `cummin`, with `Tensor.flip` for the reverse scan; shift by "
+         "one position for the exclusive scan.",
+)
+
+
+# --- searchsorted -------------------------------------------------------------------------------
+# torch computes it whole (torch.searchsorted): relies on a future ban.
+
+
+def _search(g, *, right=None, hits=False, repeats=False, outside=False, one=False, dtype=torch.float32):
+    r, m, k = randint(g, 1, 3), (1 if one else randint(g, 2, 6)), randint(g, 2, 6)
+    seq = _dyadic(g, r, m, dtype=dtype)
+    if repeats and m > 1:
+        seq[:, 1] = seq[:, 0]
+    seq = seq.sort(1).values
+    vals = _dyadic(g, r, k, lim=9, dtype=dtype)
+    if hits:
+        vals[:, 0] = seq[:, randint(g, 0, m - 1)]
+        vals[:, -1] = seq[:, 0]
+    if outside:
+        vals[:, 0] = seq[:, 0] - 1
+        vals[:, -1] = seq[:, -1] + 1
+    return {"sorted_sequence": seq, "values": vals, "right": bool(randint(g, 0, 1)) if right is None else right}
+
+
+_SEARCH_REF = (
+    "def searchsorted(sorted_sequence, values, right):\n"
+    "    s, v = sorted_sequence[:, None, :], values[:, :, None]\n"
+    "    return ((s <= v) if right else (s < v)).sum(-1).to(torch.int64)\n"
+)
+
+SEARCHSORTED = FunctionFamily(
+    "tensor_ops/searchsorted_fn", "searchsorted", ("sorted_sequence", "values", "right"),
+    "`sorted_sequence` is a float tensor of shape (R, M) (R, M >= 1; float32 or float64) whose rows are "
+    "sorted non-decreasing and may repeat a value; `values` a tensor of shape (R, K) (K >= 1) with the same "
+    "dtype; `right` a bool. Return an int64 tensor of shape (R, K) whose entry [r, k] is the insertion "
+    "position of values[r, k] in row r: with right False, the number of entries of sorted_sequence[r] "
+    "strictly less than the value (the leftmost position); with right True, the number of entries less than "
+    "or equal to it (the rightmost position). A value below every entry gives 0 and one above every entry "
+    "gives M. The boundaries may repeat; a value equal to an entry is ruled by `right` as stated.",
+    (
+        Case("typical search", "the insertion position", lambda g: _search(g)),
+        Case("values equal to entries", "a value equal to an entry", lambda g: _search(g, hits=True)),
+        Case("repeated entries", "The boundaries may repeat", lambda g: _search(g, repeats=True, hits=True)),
+        Case("out of range values", "A value below every entry", lambda g: _search(g, outside=True)),
+        Case("single entry", "M >= 1", lambda g: _search(g, one=True, hits=True)),
+        Case("float64 input", "float32 or float64", lambda g: _search(g, dtype=torch.float64, hits=True)),
+    ),
+    _SEARCH_REF,
+    wrong={
+        "right_inverted": _SEARCH_REF.replace("if right else", "if not right else"),
+        "first_row_boundaries":
+            "def searchsorted(sorted_sequence, values, right):\n"
+            "    return torch.bucketize(values, sorted_sequence[0], right=right)\n",
+    },
+    hint="`torch.searchsorted(sorted_sequence, values, right=...)`; or count comparisons with broadcasting.",
+)
+
+
+# --- nll_loss -----------------------------------------------------------------------------------
+# torch computes it whole (F.nll_loss) except the all-ignored mean, where torch gives NaN and this
+# contract gives 0.
+
+
+def _nll(g, *, weighted=None, ignore=None, all_ignored=False, reduction=None, dtype=torch.float32):
+    n, c = randint(g, 2, 6), randint(g, 2, 5)
+    lp = normal(g, n, c, dtype=torch.float64).log_softmax(1).to(dtype)
+    target = torch.randint(0, c, (n,), generator=g)
+    ignore_index = pick(g, [-100, -1, randint(g, 0, c - 1)]) if ignore is None else ignore
+    if ignore_index < 0 and randint(g, 0, 1):
+        target[randint(g, 0, n - 1)] = ignore_index
+    if all_ignored:
+        target[:] = ignore_index
+    if weighted is None:
+        weighted = bool(randint(g, 0, 1))
+    weight = uniform(g, 0.5, 2.0, c, dtype=dtype) if weighted else None
+    reduction = reduction or pick(g, ["mean", "sum", "none"])
+    if ((target != ignore_index).sum() == 0) and not all_ignored:
+        target[0] = (ignore_index + 1) % c
+    return {"log_probs": lp, "target": target, "weight": weight, "ignore_index": ignore_index, "reduction": reduction}
+
+
+_NLL_REF = (
+    "def nll_loss(log_probs, target, weight, ignore_index, reduction):\n"
+    "    N, C = log_probs.shape\n"
+    "    keep = target != ignore_index\n"
+    "    t = torch.where(keep, target, torch.zeros_like(target))\n"
+    "    w = weight[t] if weight is not None else torch.ones(N, dtype=log_probs.dtype)\n"
+    "    w = torch.where(keep, w, torch.zeros_like(w))\n"
+    "    losses = -w * log_probs[torch.arange(N), t]\n"
+    "    if reduction == 'none':\n"
+    "        return losses\n"
+    "    if reduction == 'sum':\n"
+    "        return losses.sum()\n"
+    "    total = w.sum()\n"
+    "    return losses.sum() / total if bool(total > 0) else torch.zeros((), dtype=log_probs.dtype)\n"
+)
+
+NLL_LOSS = FunctionFamily(
+    "losses/nll_loss_fn", "nll_loss", ("log_probs", "target", "weight", "ignore_index", "reduction"),
+    "`log_probs` is a float tensor of shape (N, C) (N >= 1, C >= 2; float32 or float64) of log-probabilities, "
+    "`target` an int64 tensor of shape (N,) whose values are in [0, C) or equal to `ignore_index`, `weight` "
+    "None (every class weight 1) or a positive float tensor of shape (C,) with the dtype of `log_probs`, "
+    "`ignore_index` an int (it may be negative, or a valid class in [0, C), in which case targets of that "
+    "class are ignored), and `reduction` one of \"none\", \"sum\", \"mean\". The loss of sample i is "
+    "-weight[target[i]] * log_probs[i, target[i]], and exactly 0 when target[i] == ignore_index. \"none\" "
+    "returns the N losses (shape (N,)); \"sum\" their sum; \"mean\" their sum divided by the sum of "
+    "weight[target[i]] over the samples not ignored, and 0 when every target is ignored (never NaN). "
+    "\"sum\" and \"mean\" return a 0-dim tensor. The output dtype is that of `log_probs`.",
+    (
+        Case("typical loss", "The loss of sample i", lambda g: _nll(g)),
+        Case("class weights", "a positive float tensor of shape (C,)", lambda g: _nll(g, weighted=True, reduction="mean")),
+        Case("ignore_index a class", "a valid class in [0, C)",
+             lambda g: _nll(g, ignore=randint(g, 0, 1), weighted=True)),
+        Case("every target ignored", "0 when every target is ignored",
+             lambda g: _nll(g, all_ignored=True, reduction="mean")),
+        Case("reduction none", "returns the N losses", lambda g: _nll(g, reduction="none", ignore=-100)),
+        Case("float64 input", "float32 or float64", lambda g: _nll(g, dtype=torch.float64)),
+    ),
+    _NLL_REF,
+    wrong={
+        "torch_nll":
+            "def nll_loss(log_probs, target, weight, ignore_index, reduction):\n"
+            "    import torch.nn.functional as F\n"
+            "    return F.nll_loss(log_probs, target, weight=weight, ignore_index=ignore_index, reduction=reduction)\n",
+        "mean_by_count": _NLL_REF.replace("total = w.sum()", "total = keep.sum().to(log_probs.dtype)"),
+    },
+    hint="`torch.nn.functional.nll_loss` with `ignore_index` and `weight`; guard the all-ignored mean.",
+)
+
+FAMILIES = [EMBEDDING_BAG, SCATTER_REDUCE, UNFOLD, FOLD, MAX_POOL2D, ADAPTIVE_POOL1D, INTERPOLATE_LINEAR,
+            CUMULATIVE, SEARCHSORTED, NLL_LOSS]

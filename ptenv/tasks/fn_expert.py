@@ -1,3 +1,698 @@
-"""Function families of the expert tier (ptenv/tasks/functions.py)."""
+"""Function families of the expert tier (ptenv/tasks/functions.py): losses with edge rules torch
+lacks, attention with ALiBi, grid sampling, transposed convolution, masked group norm, and four
+backward passes (the gradients of sum(grad_out * f(...)) with respect to named inputs, returned
+as a tuple). Each family's comment says whether torch computes its contract whole."""
 
-FAMILIES = []
+import torch
+
+from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.functions import Case, FunctionFamily
+
+
+def _dyadic(g, *shape, lim: int = 8, den: int = 4, dtype=torch.float32):
+    """Values k/den with k in [-lim, lim]: exact in float32, so sums of products stay exact."""
+    return (torch.randint(-lim, lim + 1, shape, generator=g).to(torch.float64) / den).to(dtype)
+
+
+# --- cross_entropy with label smoothing ---------------------------------------------------------
+# torch computes it whole (F.cross_entropy with weight, ignore_index, label_smoothing) except the
+# all-ignored mean, where torch gives NaN and this contract gives 0.
+
+
+def _ce(g, *, weighted=None, smoothing=None, ignore=False, all_ignored=False, reduction=None, dtype=torch.float32):
+    n, c = randint(g, 2, 6), randint(g, 2, 5)
+    target = torch.randint(0, c, (n,), generator=g)
+    ignore_index = pick(g, [-100, -1])
+    if ignore:
+        target[torch.randperm(n, generator=g)[: randint(g, 1, n - 1)]] = ignore_index
+    if all_ignored:
+        target[:] = ignore_index
+    weighted = bool(randint(g, 0, 1)) if weighted is None else weighted
+    smoothing = pick(g, [0.0, 0.1, 0.25]) if smoothing is None else smoothing
+    return {"logits": normal(g, n, c, scale=2.0, dtype=dtype), "target": target,
+            "weight": uniform(g, 0.5, 2.0, c, dtype=dtype) if weighted else None,
+            "ignore_index": ignore_index, "label_smoothing": smoothing,
+            "reduction": reduction or pick(g, ["mean", "sum", "none"])}
+
+
+_CE_REF = (
+    "def cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction):\n"
+    "    N, C = logits.shape\n"
+    "    lp = torch.log_softmax(logits, dim=1)\n"
+    "    w = weight if weight is not None else torch.ones(C, dtype=logits.dtype)\n"
+    "    keep = target != ignore_index\n"
+    "    t = torch.where(keep, target, torch.zeros_like(target))\n"
+    "    nll = -w[t] * lp[torch.arange(N), t]\n"
+    "    smooth = -(lp * w).sum(1)\n"
+    "    eps = label_smoothing\n"
+    "    losses = torch.where(keep, (1 - eps) * nll + eps / C * smooth, torch.zeros_like(nll))\n"
+    "    if reduction == 'none':\n"
+    "        return losses\n"
+    "    if reduction == 'sum':\n"
+    "        return losses.sum()\n"
+    "    total = torch.where(keep, w[t], torch.zeros_like(nll)).sum()\n"
+    "    return losses.sum() / total if bool(keep.any()) else torch.zeros((), dtype=logits.dtype)\n"
+)
+
+CROSS_ENTROPY = FunctionFamily(
+    "losses/cross_entropy_fn", "cross_entropy",
+    ("logits", "target", "weight", "ignore_index", "label_smoothing", "reduction"),
+    "`logits` is a float tensor of shape (N, C) (N >= 1, C >= 2; float32 or float64), `target` an int64 "
+    "tensor of shape (N,) with values in [0, C) or equal to `ignore_index` (a negative int), `weight` None "
+    "(every class weight 1) or a positive float tensor of shape (C,) with the dtype of `logits`, "
+    "`label_smoothing` a float eps in [0, 1), and `reduction` one of \"none\", \"sum\", \"mean\". With "
+    "lp = log_softmax(logits) over classes and w the class weights, the loss of a sample i that is not "
+    "ignored is (1 - eps) * (-w[target[i]] * lp[i, target[i]]) + (eps / C) * sum over c of (-w[c] * lp[i, c]) "
+    "(the smoothing term is weighted by every class's weight), and an ignored sample (target[i] == "
+    "ignore_index) has loss exactly 0. \"none\" returns the N losses (shape (N,)); \"sum\" their sum; "
+    "\"mean\" their sum divided by the sum of w[target[i]] over the samples not ignored, and 0 when every "
+    "target is ignored (never NaN). \"sum\" and \"mean\" return a 0-dim tensor. The output dtype is that of "
+    "`logits`.",
+    (
+        Case("typical loss", "the loss of a sample i", lambda g: _ce(g)),
+        Case("label smoothing with weights", "the smoothing term is weighted",
+             lambda g: _ce(g, weighted=True, smoothing=pick(g, [0.1, 0.3]), reduction="mean")),
+        Case("ignored samples", "an ignored sample", lambda g: _ce(g, ignore=True, weighted=True)),
+        Case("every target ignored", "0 when every target is ignored",
+             lambda g: _ce(g, all_ignored=True, reduction="mean")),
+        Case("reduction none", "returns the N losses", lambda g: _ce(g, reduction="none", smoothing=0.2, ignore=True)),
+        Case("float64 input", "float32 or float64", lambda g: _ce(g, dtype=torch.float64, smoothing=0.1)),
+    ),
+    _CE_REF,
+    wrong={
+        "torch_cross_entropy":
+            "def cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction):\n"
+            "    import torch.nn.functional as F\n"
+            "    return F.cross_entropy(logits, target, weight=weight, ignore_index=ignore_index,\n"
+            "                           label_smoothing=label_smoothing, reduction=reduction)\n",
+        "smoothing_unweighted": _CE_REF.replace("smooth = -(lp * w).sum(1)", "smooth = -lp.sum(1)"),
+        "mean_by_count": _CE_REF.replace("torch.where(keep, w[t], torch.zeros_like(nll)).sum()",
+                                         "keep.sum().to(logits.dtype)"),
+    },
+    hint="`torch.log_softmax`; `torch.nn.functional.cross_entropy` has weight, ignore_index and "
+         "label_smoothing, but guard the all-ignored mean.",
+)
+
+
+# --- CTC loss -----------------------------------------------------------------------------------
+# torch computes it whole (F.ctc_loss with zero_infinity=True): relies on a future ban.
+
+
+def _ctc(g, *, impossible=False, empty=False, repeats=False, blank_last=None, reduction=None, dtype=torch.float32):
+    n, c, s = randint(g, 1, 3), randint(g, 3, 5), randint(g, 2 if impossible or reduction == "mean" else 1, 3)
+    if reduction == "mean":
+        n = max(n, 2)
+    t = 2 * s + 1 + randint(g, 0, 3)
+    blank = (c - 1 if blank_last else 0) if blank_last is not None else pick(g, [0, c - 1])
+    labels = torch.tensor([k for k in range(c) if k != blank])
+    targets = labels[torch.randint(0, len(labels), (n, s), generator=g)]
+    target_lengths = torch.randint(1, s + 1, (n,), generator=g)
+    input_lengths = torch.randint(2 * s + 1, t + 1, (n,), generator=g)
+    if repeats:
+        targets[:, -1] = targets[:, 0] if s > 1 else targets[:, 0]
+        target_lengths[:] = s
+        if s == 1:
+            targets = torch.cat([targets, targets], 1)
+            target_lengths[:] = 2
+    if empty:
+        target_lengths[n - 1 if reduction == "mean" else randint(g, 0, n - 1)] = 0
+    if reduction == "mean":
+        target_lengths[0] = s  # a loss the per-length division changes
+    if impossible:
+        k = randint(g, 0, n - 1)
+        target_lengths[k] = targets.shape[1]
+        input_lengths[k] = randint(g, 1, max(1, targets.shape[1] - 1))
+    return {"log_probs": normal(g, t, n, c, dtype=torch.float64).log_softmax(2).to(dtype), "targets": targets,
+            "input_lengths": input_lengths, "target_lengths": target_lengths, "blank": blank,
+            "reduction": reduction or pick(g, ["none", "sum", "mean"])}
+
+
+_CTC_REF = (
+    "def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):\n"
+    "    import torch.nn.functional as F\n"
+    "    return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=blank,\n"
+    "                      reduction=reduction, zero_infinity=True)\n"
+)
+
+CTC_LOSS = FunctionFamily(
+    "losses/ctc_loss_fn", "ctc_loss", ("log_probs", "targets", "input_lengths", "target_lengths", "blank", "reduction"),
+    "`log_probs` is a float tensor of shape (T, N, C) (T, N >= 1, C >= 2; float32 or float64) holding "
+    "log-probabilities over the C classes at each time step; `targets` an int64 tensor of shape (N, S) "
+    "(S >= 1) whose row n holds the label sequence of sample n in its first target_lengths[n] entries "
+    "(labels in [0, C), never `blank`; later entries are padding, any value in [0, C)); `input_lengths` and "
+    "`target_lengths` int64 tensors of shape (N,) with 1 <= input_lengths[n] <= T and 0 <= target_lengths[n] "
+    "<= S; `blank` an int in [0, C) (not necessarily 0); `reduction` one of \"none\", \"sum\", \"mean\". The "
+    "loss of sample n is -log of the total probability, under log_probs[:input_lengths[n], n], of all paths "
+    "of length input_lengths[n] over the C classes that collapse to its label sequence (collapse: merge "
+    "runs of equal symbols, then drop blanks; so repeated adjacent labels need a blank between them). An "
+    "empty label sequence (target length 0) has the single all-blank path. A sample with no such path (an "
+    "impossible alignment, its input too short) has loss 0, never inf. \"none\" returns the N losses "
+    "(shape (N,)); \"sum\" their sum; \"mean\" the mean over the N samples of loss_n / max(target_lengths[n], "
+    "1). \"sum\" and \"mean\" return a 0-dim tensor. The output dtype is that of `log_probs`.",
+    (
+        Case("typical batch", "all paths", lambda g: _ctc(g)),
+        Case("impossible alignment", "an impossible alignment", lambda g: _ctc(g, impossible=True)),
+        Case("empty target", "An empty label sequence", lambda g: _ctc(g, empty=True)),
+        Case("repeated labels", "repeated adjacent labels", lambda g: _ctc(g, repeats=True, reduction="none")),
+        Case("blank not 0", "(not necessarily 0)", lambda g: _ctc(g, blank_last=True)),
+        Case("mean reduction", "max(target_lengths[n], 1)", lambda g: _ctc(g, reduction="mean", empty=True)),
+        Case("float64 input", "float32 or float64", lambda g: _ctc(g, dtype=torch.float64, impossible=True)),
+    ),
+    _CTC_REF,
+    wrong={
+        "infinite_loss": _CTC_REF.replace("zero_infinity=True", "zero_infinity=False"),
+        "mean_without_lengths":
+            "def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):\n"
+            "    import torch.nn.functional as F\n"
+            "    out = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=blank,\n"
+            "                     reduction='none', zero_infinity=True)\n"
+            "    return out if reduction == 'none' else out.sum() if reduction == 'sum' else out.mean()\n",
+        "blank_zero": _CTC_REF.replace("blank=blank", "blank=0"),
+    },
+    hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
+         "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
+)
+
+
+# --- attention with ALiBi -----------------------------------------------------------------------
+# torch does not compute it whole: scaled_dot_product_attention computes it once the ALiBi bias,
+# the masks and the key padding are folded into one float mask by hand.
+
+
+def _attn(g, *, mask=None, padding=None, no_key=False, dtype=torch.float32):
+    b, h, lq, lk = randint(g, 1, 2), randint(g, 1, 3), randint(g, 1, 4), randint(g, 2, 5)
+    d, dv = randint(g, 1, 4), randint(g, 1, 3)
+    mask = mask or pick(g, ["none", "bool", "float"])
+    if mask == "bool":
+        attn_mask = torch.rand(lq, lk, generator=g) < 0.7
+        attn_mask[torch.arange(lq), torch.randint(0, lk, (lq,), generator=g)] = True
+    elif mask == "float":
+        attn_mask = normal(g, lq, lk, dtype=dtype)
+    else:
+        attn_mask = None
+    padding = bool(randint(g, 0, 1)) if padding is None else padding
+    kpm = None
+    if padding:
+        kpm = torch.zeros(b, lk, dtype=torch.bool)
+        kpm[0, lk - randint(g, 1, lk - 1):] = True
+    if no_key:
+        if attn_mask is None or attn_mask.dtype != torch.bool:
+            attn_mask = torch.ones(lq, lk, dtype=torch.bool)
+        attn_mask[randint(g, 0, lq - 1)] = False
+    return {"q": normal(g, b, h, lq, d, dtype=dtype), "k": normal(g, b, h, lk, d, dtype=dtype),
+            "v": uniform(g, 0.5, 1.5, b, h, lk, dv, dtype=dtype), "slopes": uniform(g, 0.1, 1.0, h, dtype=dtype),
+            "attn_mask": attn_mask, "key_padding_mask": kpm}
+
+
+_ATTN_REF = (
+    "def attention_alibi(q, k, v, slopes, attn_mask, key_padding_mask):\n"
+    "    B, H, Lq, D = q.shape\n"
+    "    Lk = k.shape[2]\n"
+    "    scores = q @ k.transpose(-1, -2) / D ** 0.5\n"
+    "    dist = (torch.arange(Lq)[:, None] - torch.arange(Lk)[None, :]).abs().to(q.dtype)\n"
+    "    scores = scores - slopes[None, :, None, None] * dist\n"
+    "    allowed = torch.ones(B, H, Lq, Lk, dtype=torch.bool)\n"
+    "    if attn_mask is not None:\n"
+    "        if attn_mask.dtype == torch.bool:\n"
+    "            allowed = allowed & attn_mask\n"
+    "        else:\n"
+    "            scores = scores + attn_mask\n"
+    "    if key_padding_mask is not None:\n"
+    "        allowed = allowed & ~key_padding_mask[:, None, None, :]\n"
+    "    neg = torch.full_like(scores, float('-inf'))\n"
+    "    top = torch.where(allowed, scores, neg).amax(-1, keepdim=True)\n"
+    "    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)\n"
+    "    e = torch.where(allowed, torch.exp(scores - top), torch.zeros_like(scores))\n"
+    "    s = e.sum(-1, keepdim=True)\n"
+    "    p = torch.where(s > 0, e / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(e))\n"
+    "    return p @ v\n"
+)
+
+ATTENTION_ALIBI = FunctionFamily(
+    "nn_modules/attention_alibi_fn", "attention_alibi", ("q", "k", "v", "slopes", "attn_mask", "key_padding_mask"),
+    "`q` is a float tensor of shape (B, H, Lq, D), `k` of shape (B, H, Lk, D) and `v` of shape (B, H, Lk, Dv) "
+    "(all sizes >= 1; float32 or float64, one dtype); `slopes` a positive tensor of shape (H,) with that "
+    "dtype; `attn_mask` None, a bool tensor of shape (Lq, Lk) where True means query i may attend key j, or "
+    "a float tensor of shape (Lq, Lk) with finite values added to the scores; `key_padding_mask` None or a "
+    "bool tensor of shape (B, Lk) where True marks a padding key that no query of that batch element may "
+    "attend. The score of query i and key j in head h is q[b,h,i]·k[b,h,j] / sqrt(D) - slopes[h] * |i - j| "
+    "(an ALiBi bias on the absolute distance of the positions), plus attn_mask[i, j] when the mask is float. "
+    "Each query takes the softmax of its scores over the keys it may attend and returns the weighted sum of "
+    "their v rows; a query with no key allowed (every key masked or padding) returns a row of zeros, never "
+    "NaN. Return a tensor of shape (B, H, Lq, Dv) with the dtype of `q`.",
+    (
+        Case("typical attention", "an ALiBi bias", lambda g: _attn(g, mask="none", padding=False)),
+        Case("bool mask", "True means query i may attend key j", lambda g: _attn(g, mask="bool", padding=False)),
+        Case("float mask", "with finite values added to the scores", lambda g: _attn(g, mask="float")),
+        Case("key padding", "True marks a padding key", lambda g: _attn(g, padding=True)),
+        Case("no key allowed", "a query with no key allowed", lambda g: _attn(g, no_key=True)),
+        Case("float64 input", "float32 or float64", lambda g: _attn(g, dtype=torch.float64)),
+    ),
+    _ATTN_REF,
+    wrong={
+        "signed_distance": _ATTN_REF.replace(".abs().to(q.dtype)", ".to(q.dtype)"),
+        "sdpa_no_alibi":
+            "def attention_alibi(q, k, v, slopes, attn_mask, key_padding_mask):\n"
+            "    import torch.nn.functional as F\n"
+            "    m = attn_mask\n"
+            "    if key_padding_mask is not None:\n"
+            "        kp = ~key_padding_mask[:, None, None, :]\n"
+            "        m = kp if m is None else (kp & m if m.dtype == torch.bool else m.masked_fill(~kp, float('-inf')))\n"
+            "    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)\n",
+        "padding_inverted": _ATTN_REF.replace("& ~key_padding_mask", "& key_padding_mask"),
+    },
+    hint="build the (Lq, Lk) distance matrix with `torch.arange`; a masked softmax that leaves rows with no "
+         "allowed key at zero (subtract the row maximum over allowed keys, then `torch.exp`).",
+)
+
+
+# --- grid_sample --------------------------------------------------------------------------------
+# torch computes it whole (F.grid_sample): relies on a future ban.
+
+
+def _grid(g, *, mode=None, padding=None, align=None, outside=False, tiny=False, dtype=torch.float32):
+    n, c = randint(g, 1, 2), randint(g, 1, 2)
+    h, w = (1, randint(g, 2, 4)) if tiny else (randint(g, 2, 4), randint(g, 2, 4))
+    ho, wo = randint(g, 1, 3), randint(g, 1, 3)
+    span = 1.6 if outside else 0.95
+    return {"input": uniform(g, 1.0, 2.0, n, c, h, w, dtype=dtype),
+            "grid": uniform(g, -span, span, n, ho, wo, 2, dtype=dtype),
+            "mode": mode or pick(g, ["bilinear", "nearest"]),
+            "padding_mode": padding or pick(g, ["zeros", "border"]),
+            "align_corners": bool(randint(g, 0, 1)) if align is None else align}
+
+
+_GRID_REF = (
+    "def grid_sample(input, grid, mode, padding_mode, align_corners):\n"
+    "    import torch.nn.functional as F\n"
+    "    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)\n"
+)
+
+GRID_SAMPLE = FunctionFamily(
+    "nn_modules/grid_sample_fn", "grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"),
+    "`input` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64) and `grid` a tensor of "
+    "shape (N, Ho, Wo, 2) with the same dtype: grid[n, i, j] = (gx, gy) is a sampling point in normalised "
+    "coordinates, gx along the width and gy along the height, nominally in [-1, 1] but possibly outside. "
+    "`mode` is \"bilinear\" or \"nearest\", `padding_mode` \"zeros\" or \"border\", `align_corners` a bool. "
+    "The pixel coordinate is ix = (gx + 1) / 2 * (W - 1) with align_corners True (-1 and 1 are the centres "
+    "of the corner pixels), and ix = ((gx + 1) * W - 1) / 2 with align_corners False (-1 and 1 are the outer "
+    "edges of the corner pixels); iy likewise with H. With \"border\", ix is first clamped to [0, W-1] and iy "
+    "to [0, H-1]. \"bilinear\" blends the four pixels (floor(ix) or floor(ix)+1, floor(iy) or floor(iy)+1) "
+    "with the weights (1 - |ix - x|) * (1 - |iy - y|); \"nearest\" takes the pixel at (round(ix), round(iy)), "
+    "rounding halves to even. A pixel outside the image (out-of-range grid points) reads as 0: with "
+    "\"border\" only taps of weight 0 can fall outside, with \"zeros\" any can. Return a tensor of shape (N, C, Ho, Wo) with the dtype of `input`. A size-1 dim (H = 1) is valid.",
+    (
+        Case("typical bilinear", "blends the four pixels", lambda g: _grid(g, mode="bilinear")),
+        Case("nearest", "rounding halves to even", lambda g: _grid(g, mode="nearest")),
+        Case("align_corners True", "the centres of the corner pixels", lambda g: _grid(g, align=True)),
+        Case("out-of-range grid points", "(out-of-range grid points)", lambda g: _grid(g, outside=True, padding="zeros")),
+        Case("border padding", "With \"border\"", lambda g: _grid(g, outside=True, padding="border")),
+        Case("size-1 dims", "A size-1 dim", lambda g: _grid(g, tiny=True, outside=True)),
+        Case("float64 input", "float32 or float64", lambda g: _grid(g, dtype=torch.float64, outside=True)),
+    ),
+    _GRID_REF,
+    wrong={
+        "align_corners_swapped": _GRID_REF.replace("align_corners=align_corners)", "align_corners=not align_corners)"),
+        "zeros_always": _GRID_REF.replace("padding_mode=padding_mode", "padding_mode='zeros'"),
+        "xy_swapped": _GRID_REF.replace("F.grid_sample(input, grid,", "F.grid_sample(input, grid.flip(-1),"),
+    },
+    hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
+         "`torch.nn.functional.grid_sample` states the same conventions.",
+)
+
+
+# --- layer_norm backward ------------------------------------------------------------------------
+# torch computes it whole (native_layer_norm_backward, or autograd over F.layer_norm): relies on a
+# future ban that also covers autograd at this level.
+
+
+def _ln(g, *, rank=2, d=None, dtype=torch.float32, big_eps=False):
+    lead = [randint(g, 1, 4)] + ([randint(g, 1, 3)] if rank == 3 else [])
+    d = randint(g, 3, 6) if d is None else d  # D = 2 has grad_x = 0 exactly: all cancellation
+    return {"x": normal(g, *lead, d, dtype=dtype), "weight": uniform(g, 0.5, 1.5, d, dtype=dtype),
+            "bias": normal(g, d, dtype=dtype), "eps": pick(g, [0.1, 1.0]) if big_eps or d == 1 else 1e-5,
+            "grad_out": normal(g, *lead, d, scale=0.05, dtype=dtype)}
+
+
+_LN_REF = (
+    "def layer_norm_backward(x, weight, bias, eps, grad_out):\n"
+    "    xc = x - x.mean(-1, keepdim=True)\n"
+    "    rstd = 1 / torch.sqrt((xc * xc).mean(-1, keepdim=True) + eps)\n"
+    "    xhat = xc * rstd\n"
+    "    dims = tuple(range(x.dim() - 1))\n"
+    "    g = grad_out * weight\n"
+    "    grad_x = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))\n"
+    "    return grad_x, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n"
+)
+
+LAYER_NORM_BACKWARD = FunctionFamily(
+    "autograd/layer_norm_backward_fn", "layer_norm_backward", ("x", "weight", "bias", "eps", "grad_out"),
+    "`x` is a float tensor of shape (..., D) (rank 2 or 3, every dim >= 1; float32 or float64), `weight` and "
+    "`bias` tensors of shape (D,), `eps` a positive float, `grad_out` a tensor shaped like `x`; one dtype "
+    "throughout. The forward is the layer norm over the last dim: y = (x - mean) / sqrt(var + eps) * weight "
+    "+ bias, with mean and the biased variance (divided by D) of each row x[..., :]. Return the tuple "
+    "(grad_x, grad_weight, grad_bias): the gradients of sum(grad_out * y) with respect to x, weight and "
+    "bias, shaped like x, (D,) and (D,), in the dtype of `x`. The gradient flows through the mean and the "
+    "variance too. D = 1 is valid (every normalised value is 0).",
+    (
+        Case("typical rows", "the layer norm over the last dim", lambda g: _ln(g)),
+        Case("rank-3 input", "rank 2 or 3", lambda g: _ln(g, rank=3)),
+        Case("large eps", "`eps` a positive float", lambda g: _ln(g, big_eps=True)),
+        Case("D is 1", "D = 1 is valid", lambda g: _ln(g, d=1)),
+        Case("float64 input", "float32 or float64", lambda g: _ln(g, dtype=torch.float64, rank=3)),
+    ),
+    _LN_REF,
+    wrong={
+        "constant_statistics":
+            "def layer_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    mean = x.mean(-1, keepdim=True)\n"
+            "    rstd = (x.var(-1, unbiased=False, keepdim=True) + eps).rsqrt()\n"
+            "    xhat = (x - mean) * rstd\n"
+            "    dims = tuple(range(x.dim() - 1))\n"
+            "    return grad_out * weight * rstd, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n",
+        "unbiased_variance":
+            "def layer_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    with torch.enable_grad():\n"
+            "        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))\n"
+            "        mean = x.mean(-1, keepdim=True)\n"
+            "        var = ((x - mean) ** 2).sum(-1, keepdim=True) / max(x.shape[-1] - 1, 1)\n"
+            "        y = (x - mean) / torch.sqrt(var + eps) * weight + bias\n"
+            "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
+    },
+    hint="with xhat = (x - mean) * rstd and g = grad_out * weight: grad_x = rstd * (g - mean(g) - xhat * "
+         "mean(g * xhat)) over the last dim; grad_weight sums grad_out * xhat over the other dims.",
+)
+
+
+# --- masked softmax backward with a temperature -------------------------------------------------
+# torch does not compute it whole (no op takes the mask, the temperature and the all-masked rule
+# together; autograd over a hand-written forward does).
+
+
+def _msb(g, *, empty_row=False, large=False, temperature=None, dtype=torch.float32, one=False):
+    rows, cols = randint(g, 2, 4), (1 if one else randint(g, 3, 6))
+    mask = torch.rand(rows, cols, generator=g) < 0.6
+    mask[torch.arange(rows), torch.randint(0, cols, (rows,), generator=g)] = True
+    if empty_row or one:
+        mask[randint(g, 0, rows - 1)] = False
+    scale = uniform(g, 200.0, 800.0, rows, 1) if large else torch.zeros(rows, 1)
+    return {"x": (scale + normal(g, rows, cols, scale=1.5)).to(dtype), "mask": mask,
+            "temperature": pick(g, [0.5, 1.0, 2.0]) if temperature is None else temperature,
+            "grad_out": normal(g, rows, cols, scale=0.05, dtype=dtype)}
+
+
+_MSB_REF = (
+    "def masked_softmax_backward(x, mask, temperature, grad_out):\n"
+    "    z = x / temperature\n"
+    "    top = torch.where(mask, z, torch.full_like(z, float('-inf'))).amax(dim=1, keepdim=True)\n"
+    "    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)\n"
+    "    e = torch.where(mask, torch.exp(z - top), torch.zeros_like(z))\n"
+    "    s = e.sum(dim=1, keepdim=True)\n"
+    "    y = torch.where(s > 0, e / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(e))\n"
+    "    dot = (y * grad_out).sum(dim=1, keepdim=True)\n"
+    "    return (y * (grad_out - dot) / temperature,)\n"
+)
+
+MASKED_SOFTMAX_BACKWARD = FunctionFamily(
+    "autograd/masked_softmax_backward_fn", "masked_softmax_backward", ("x", "mask", "temperature", "grad_out"),
+    "`x` is a float tensor of shape (R, C) (R, C >= 1; float32 or float64), `mask` a bool tensor of the same "
+    "shape, `temperature` a positive float and `grad_out` a tensor like `x`. The forward is a masked softmax "
+    "with temperature: y[i, j] = exp(x[i, j] / temperature) / sum over {k : mask[i, k]} of "
+    "exp(x[i, k] / temperature) where mask[i, j] is True, and y[i, j] = 0 where it is False; a row whose "
+    "mask is all False is all zeros. Return the tuple (grad_x,) holding the gradient of sum(grad_out * y) "
+    "with respect to x, shaped and typed like x: 0 at masked positions and on all-masked rows, never NaN. "
+    "Entries of `x` may be in the hundreds, so it must not overflow.",
+    (
+        Case("typical rows", "a masked softmax", lambda g: _msb(g, temperature=1.0)),
+        Case("temperature", "a positive float", lambda g: _msb(g, temperature=pick(g, [0.5, 2.0]))),
+        Case("fully masked row", "a row whose mask is all False", lambda g: _msb(g, empty_row=True)),
+        Case("values in the hundreds", "in the hundreds", lambda g: _msb(g, large=True)),
+        Case("one column", "C >= 1", lambda g: _msb(g, one=True)),
+        Case("float64 input", "float32 or float64", lambda g: _msb(g, dtype=torch.float64, empty_row=True)),
+    ),
+    _MSB_REF,
+    wrong={
+        "no_temperature_factor": _MSB_REF.replace("(grad_out - dot) / temperature,", "(grad_out - dot),"),
+        "log_softmax_formula": _MSB_REF.replace("return (y * (grad_out - dot) / temperature,)",
+                                                "return ((grad_out - y * grad_out.sum(1, keepdim=True)) * mask / temperature,)"),
+        "unmasked_normaliser": _MSB_REF.replace("torch.where(mask, z, torch.full_like(z, float('-inf')))", "z")
+                                       .replace("torch.where(mask, torch.exp(z - top), torch.zeros_like(z))",
+                                                "torch.exp(z - top)"),
+    },
+    hint="with y the masked softmax, grad_x = y * (grad_out - sum(y * grad_out)) / temperature per row.",
+)
+
+
+# --- batch_norm backward (training) -------------------------------------------------------------
+# torch computes it whole (native_batch_norm_backward, or autograd over F.batch_norm): relies on a
+# future ban that also covers autograd at this level.
+
+
+def _bn(g, *, rank=2, n=None, dtype=torch.float32):
+    c = randint(g, 1, 4)
+    n = randint(g, 3, 5) if n is None else n
+    shape = [n, c] + ([randint(g, 3, 4)] if rank == 3 else [])  # a count of 2 has grad_x = 0 exactly
+    return {"x": normal(g, *shape, dtype=dtype), "weight": uniform(g, 0.5, 1.5, c, dtype=dtype),
+            "bias": normal(g, c, dtype=dtype), "eps": 1e-5, "grad_out": normal(g, *shape, scale=0.05, dtype=dtype)}
+
+
+_BN_REF = (
+    "def batch_norm_backward(x, weight, bias, eps, grad_out):\n"
+    "    dims = [0] + list(range(2, x.dim()))\n"
+    "    shape = [1, -1] + [1] * (x.dim() - 2)\n"
+    "    xc = x - x.mean(dims, keepdim=True)\n"
+    "    rstd = 1 / torch.sqrt((xc * xc).mean(dims, keepdim=True) + eps)\n"
+    "    xhat = xc * rstd\n"
+    "    g = grad_out * weight.reshape(shape)\n"
+    "    grad_x = rstd * (g - g.mean(dims, keepdim=True) - xhat * (g * xhat).mean(dims, keepdim=True))\n"
+    "    return grad_x, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n"
+)
+
+BATCH_NORM_BACKWARD = FunctionFamily(
+    "autograd/batch_norm_backward_fn", "batch_norm_backward", ("x", "weight", "bias", "eps", "grad_out"),
+    "`x` is a float tensor of shape (N, C) or (N, C, L) (float32 or float64; C >= 1, and N*L >= 3 values per "
+    "channel, with L = 1 for rank 2), `weight` and `bias` tensors of shape (C,), `eps` a positive float, "
+    "`grad_out` a tensor like `x`; one dtype throughout. The forward is batch norm in training mode: for each "
+    "channel c, mean and biased variance (divided by the count) over every value of channel c (dims 0 and "
+    "2), y = (x - mean_c) / sqrt(var_c + eps) * weight[c] + bias[c]; no running statistics. Return the tuple "
+    "(grad_x, grad_weight, grad_bias): the gradients of sum(grad_out * y) with respect to x, weight and bias "
+    "(the batch statistics depend on x, so the gradient flows through them), shaped like x, (C,) and (C,), "
+    "in the dtype of `x`.",
+    (
+        Case("typical batch", "batch norm in training mode", lambda g: _bn(g)),
+        Case("rank-3 input", "(N, C, L)", lambda g: _bn(g, rank=3)),
+        Case("one sample with length", "N*L >= 3", lambda g: _bn(g, rank=3, n=1)),
+        Case("float64 input", "float32 or float64", lambda g: _bn(g, dtype=torch.float64, rank=3)),
+    ),
+    _BN_REF,
+    wrong={
+        "eval_mode_statistics":
+            "def batch_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    dims = [0] + list(range(2, x.dim()))\n"
+            "    shape = [1, -1] + [1] * (x.dim() - 2)\n"
+            "    mean = x.mean(dims, keepdim=True)\n"
+            "    rstd = (x.var(dims, unbiased=False, keepdim=True) + eps).rsqrt()\n"
+            "    xhat = (x - mean) * rstd\n"
+            "    return grad_out * weight.reshape(shape) * rstd, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n",
+        "per_sample_statistics":
+            "def batch_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    import torch.nn.functional as F\n"
+            "    with torch.enable_grad():\n"
+            "        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))\n"
+            "        x3 = x if x.dim() == 3 else x[:, :, None]\n"
+            "        y = F.instance_norm(x3, weight=weight, bias=bias, eps=eps) if x3.shape[2] > 1 else \\\n"
+            "            F.batch_norm(x3, None, None, weight, bias, training=True, eps=eps)\n"
+            "        return torch.autograd.grad(y.reshape(x.shape), (x, weight, bias), grad_out)\n",
+    },
+    hint="with xhat = (x - mean) * rstd and g = grad_out * weight per channel: grad_x = rstd * (g - mean(g) - "
+         "xhat * mean(g * xhat)), the means over dims 0 and 2.",
+)
+
+
+# --- RNN cell backward --------------------------------------------------------------------------
+# torch does not compute it whole (no single op gives the six gradients; autograd over
+# torch.rnn_tanh_cell / rnn_relu_cell does).
+
+
+def _rnn(g, *, nonlinearity=None, b=None, dtype=torch.float32):
+    b = randint(g, 1, 3) if b is None else b
+    i, h = randint(g, 1, 3), randint(g, 1, 3)
+    return {"x": normal(g, b, i, dtype=dtype), "h": normal(g, b, h, dtype=dtype),
+            "w_ih": normal(g, h, i, scale=0.7, dtype=dtype), "w_hh": normal(g, h, h, scale=0.7, dtype=dtype),
+            "b_ih": normal(g, h, scale=0.5, dtype=dtype), "b_hh": normal(g, h, scale=0.5, dtype=dtype),
+            "nonlinearity": nonlinearity or pick(g, ["tanh", "relu"]), "grad_h": normal(g, b, h, dtype=dtype)}
+
+
+_RNN_REF = (
+    "def rnn_cell_backward(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity, grad_h):\n"
+    "    z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh\n"
+    "    if nonlinearity == 'tanh':\n"
+    "        dz = grad_h * (1 - torch.tanh(z) ** 2)\n"
+    "    else:\n"
+    "        dz = grad_h * (z > 0).to(z.dtype)\n"
+    "    return dz @ w_ih, dz @ w_hh, dz.T @ x, dz.T @ h, dz.sum(0), dz.sum(0)\n"
+)
+
+RNN_CELL_BACKWARD = FunctionFamily(
+    "autograd/rnn_cell_backward_fn", "rnn_cell_backward",
+    ("x", "h", "w_ih", "w_hh", "b_ih", "b_hh", "nonlinearity", "grad_h"),
+    "An Elman RNN cell step: `x` (B, I), `h` (B, Hd), `w_ih` (Hd, I), `w_hh` (Hd, Hd), `b_ih` (Hd,), `b_hh` "
+    "(Hd,) and `grad_h` (B, Hd) are float tensors of one dtype (float32 or float64; B, I, Hd >= 1), and "
+    "`nonlinearity` is \"tanh\" or \"relu\". The forward is h_new = act(x @ w_ih.T + b_ih + h @ w_hh.T + "
+    "b_hh) with act = tanh or relu (the derivative of relu at exactly 0 is taken as 0). Return the tuple "
+    "(grad_x, grad_h_prev, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh): the gradients of "
+    "sum(grad_h * h_new) with respect to x, h, w_ih, w_hh, b_ih and b_hh, each shaped like its input, in the "
+    "dtype of `x`. Bias gradients sum over the batch; B = 1 is valid.",
+    (
+        Case("typical tanh step", "act = tanh or relu", lambda g: _rnn(g, nonlinearity="tanh")),
+        Case("relu step", "the derivative of relu", lambda g: _rnn(g, nonlinearity="relu")),
+        Case("batch of one", "B = 1 is valid", lambda g: _rnn(g, b=1)),
+        Case("bias gradients", "Bias gradients sum over the batch", lambda g: _rnn(g, b=3)),
+        Case("float64 input", "float32 or float64", lambda g: _rnn(g, dtype=torch.float64)),
+    ),
+    _RNN_REF,
+    wrong={
+        "tanh_always": _RNN_REF.replace("if nonlinearity == 'tanh':", "if True:"),
+        "derivative_of_previous_h": _RNN_REF.replace("(1 - torch.tanh(z) ** 2)", "(1 - h ** 2)"),
+        "bias_grad_mean": _RNN_REF.replace("dz.sum(0), dz.sum(0)", "dz.mean(0), dz.mean(0)"),
+    },
+    hint="z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh; dz = grad_h * act'(z); then each gradient is a "
+         "matrix product of dz with the other factor (or its sum over the batch).",
+)
+
+
+# --- conv_transpose1d ---------------------------------------------------------------------------
+# torch computes it whole (F.conv_transpose1d): relies on a future ban.
+
+
+def _convt(g, *, groups=None, out_pad=False, dilated=False, bias=None, dtype=torch.float32, one=False):
+    groups = groups or 1
+    cin, cout_g = groups * randint(g, 1, 2), randint(g, 1, 2)
+    k = 1 if one else randint(g, 1, 3)
+    s = randint(g, 2, 3) if out_pad else randint(g, 1, 2)
+    d = 2 if dilated else 1
+    k = max(k, 2) if dilated else k
+    length = 1 if one else randint(g, 2, 5)
+    p = randint(g, 0, min(1, d * (k - 1)))
+    op = randint(g, 1, max(s, d) - 1) if out_pad else 0
+    bias = bool(randint(g, 0, 1)) if bias is None else bias
+    return {"x": _dyadic(g, randint(g, 1, 2), cin, length, dtype=dtype),
+            "weight": _dyadic(g, cin, cout_g, k, dtype=dtype),
+            "bias": _dyadic(g, cout_g * groups, dtype=dtype) if bias else None,
+            "stride": s, "padding": p, "output_padding": op, "dilation": d, "groups": groups}
+
+
+_CONVT_REF = (
+    "def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):\n"
+    "    import torch.nn.functional as F\n"
+    "    return F.conv_transpose1d(x, weight, bias, stride=stride, padding=padding,\n"
+    "                              output_padding=output_padding, groups=groups, dilation=dilation)\n"
+)
+
+CONV_TRANSPOSE1D = FunctionFamily(
+    "nn_modules/conv_transpose1d_fn", "conv_transpose1d",
+    ("x", "weight", "bias", "stride", "padding", "output_padding", "dilation", "groups"),
+    "`x` is a float tensor of shape (N, Cin, L) (float32 or float64; all >= 1), `weight` of shape "
+    "(Cin, Cout/groups, K), `bias` None or of shape (Cout,), one dtype; ints `stride` s >= 1, `padding` "
+    "p >= 0, `output_padding` op >= 0 (op < s or op < dilation), `dilation` d >= 1 and `groups` G >= 1 "
+    "dividing Cin and Cout. The transposed convolution: Lout = (L - 1)*s - 2*p + d*(K - 1) + op + 1 (>= 1), "
+    "and for group gi (input channels gi*Cin/G .. (gi+1)*Cin/G - 1, output channels gi*Cout/G + o), "
+    "out[n, gi*Cout/G + o, t] = bias[gi*Cout/G + o] (0 when bias is None) + the sum over input channels c of the group, positions l "
+    "and taps k with l*s - p + k*d == t of x[n, c, l] * weight[c, o, k]. Contributions landing outside "
+    "[0, Lout) are dropped; output_padding only lengthens the output on the right. Return a tensor of shape "
+    "(N, Cout, Lout) with the dtype of `x`. Sizes of 1 (L = 1, K = 1) are valid.",
+    (
+        Case("typical", "The transposed convolution", lambda g: _convt(g)),
+        Case("output_padding", "output_padding only lengthens", lambda g: _convt(g, out_pad=True)),
+        Case("groups", "dividing Cin and Cout", lambda g: _convt(g, groups=2)),
+        Case("dilation", "l*s - p + k*d == t", lambda g: _convt(g, dilated=True, bias=True)),
+        Case("size-1 dims", "Sizes of 1", lambda g: _convt(g, one=True, bias=True)),
+        Case("float64 input", "float32 or float64", lambda g: _convt(g, dtype=torch.float64, groups=pick(g, [1, 2]))),
+    ),
+    _CONVT_REF,
+    wrong={
+        "output_padding_ignored": _CONVT_REF.replace("output_padding=output_padding", "output_padding=0"),
+        "dilation_ignored": _CONVT_REF.replace("dilation=dilation)", "dilation=1)"),
+        "groups_ignored":
+            "def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):\n"
+            "    import torch.nn.functional as F\n"
+            "    w = weight.repeat(1, groups, 1)\n"
+            "    b = bias\n"
+            "    return F.conv_transpose1d(x, w, b, stride=stride, padding=padding,\n"
+            "                              output_padding=output_padding, dilation=dilation)\n",
+    },
+    hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
+         "`torch.nn.functional.conv_transpose1d` states the same sizes.",
+)
+
+
+# --- group_norm with per-sample lengths ---------------------------------------------------------
+# torch does not compute it whole: F.group_norm has no lengths (the padded positions would enter
+# the statistics).
+
+
+def _gn(g, *, short=False, empty=False, groups=None, dtype=torch.float32):
+    n, length = randint(g, 1, 3), randint(g, 2, 5)
+    num_groups = groups or randint(g, 1, 2)
+    c = num_groups * randint(g, 1, 3)
+    lengths = torch.full((n,), length, dtype=torch.int64)
+    if short:
+        lengths[randint(g, 0, n - 1)] = randint(g, 1, length - 1)
+    if empty:
+        lengths[randint(g, 0, n - 1)] = 0
+    return {"x": normal(g, n, c, length, dtype=dtype), "num_groups": num_groups,
+            "weight": uniform(g, 0.5, 1.0, c, dtype=dtype), "bias": uniform(g, 2.0, 3.0, c, dtype=dtype),
+            "eps": 1e-5, "lengths": lengths}
+
+
+_GN_REF = (
+    "def group_norm(x, num_groups, weight, bias, eps, lengths):\n"
+    "    N, C, L = x.shape\n"
+    "    out = torch.zeros_like(x)\n"
+    "    cg = C // num_groups\n"
+    "    for n in range(N):\n"
+    "        t = int(lengths[n])\n"
+    "        if t == 0:\n"
+    "            continue\n"
+    "        for gi in range(num_groups):\n"
+    "            part = x[n, gi * cg:(gi + 1) * cg, :t]\n"
+    "            mean = part.mean()\n"
+    "            var = ((part - mean) ** 2).mean()\n"
+    "            w, b = weight[gi * cg:(gi + 1) * cg, None], bias[gi * cg:(gi + 1) * cg, None]\n"
+    "            out[n, gi * cg:(gi + 1) * cg, :t] = (part - mean) / torch.sqrt(var + eps) * w + b\n"
+    "    return out\n"
+)
+
+GROUP_NORM = FunctionFamily(
+    "nn_modules/group_norm_fn", "group_norm", ("x", "num_groups", "weight", "bias", "eps", "lengths"),
+    "`x` is a float tensor of shape (N, C, L) (float32 or float64; N, C, L >= 1) holding padded sequences, "
+    "`num_groups` an int G dividing C, `weight` and `bias` tensors of shape (C,) with the dtype of `x`, "
+    "`eps` a positive float, and `lengths` an int64 tensor of shape (N,) with values in [0, L]: only the "
+    "positions t < lengths[n] of sample n are valid. Group norm over the valid positions: for sample n and "
+    "group gi (channels gi*C/G .. (gi+1)*C/G - 1), mean and biased variance (divided by the count) of x over "
+    "the group's channels and the valid positions only; each valid entry becomes (x - mean) / sqrt(var + eps) "
+    "* weight[c] + bias[c]. Padded positions (t >= lengths[n]) are 0 in the output, and a sample of length "
+    "0 is all zeros. Return a tensor shaped like `x` with its dtype.",
+    (
+        Case("full lengths", "Group norm over the valid positions", lambda g: _gn(g)),
+        Case("padded positions", "Padded positions (t >= lengths[n]) are 0", lambda g: _gn(g, short=True)),
+        Case("length 0", "a sample of length 0", lambda g: _gn(g, empty=True, short=True)),
+        Case("several groups", "`num_groups` an int G dividing C", lambda g: _gn(g, groups=pick(g, [2, 3]), short=True)),
+        Case("float64 input", "float32 or float64", lambda g: _gn(g, dtype=torch.float64, short=True)),
+    ),
+    _GN_REF,
+    wrong={
+        "stats_over_padding":
+            "def group_norm(x, num_groups, weight, bias, eps, lengths):\n"
+            "    import torch.nn.functional as F\n"
+            "    y = F.group_norm(x, num_groups, weight, bias, eps)\n"
+            "    valid = torch.arange(x.shape[2])[None, None, :] < lengths[:, None, None]\n"
+            "    return torch.where(valid, y, torch.zeros_like(y))\n",
+        "padding_not_zeroed": _GN_REF.replace("out = torch.zeros_like(x)", "out = x.clone()"),
+    },
+    hint="a valid-position mask from `torch.arange(L) < lengths[:, None]`; masked sums and counts per group "
+         "(reshape to (N, G, C/G, L)).",
+)
+
+FAMILIES = [CROSS_ENTROPY, CTC_LOSS, ATTENTION_ALIBI, GRID_SAMPLE, LAYER_NORM_BACKWARD, MASKED_SOFTMAX_BACKWARD,
+            BATCH_NORM_BACKWARD, RNN_CELL_BACKWARD, CONV_TRANSPOSE1D, GROUP_NORM]
