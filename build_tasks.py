@@ -19,6 +19,7 @@ ones and every variant, train and test) may share both instruction and inputs.
 import argparse
 import hashlib
 import json
+import random
 import sys
 import time
 from typing import NamedTuple
@@ -26,11 +27,15 @@ from typing import NamedTuple
 import torch
 
 from ptenv.inside import codec
+from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import dumps_rows, run_solution, write_rows
 from ptenv.tasks.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks.canonical import TASKS, Task
 from ptenv.tasks.tiers import SPLITS, TIERS, instance_seed
+
+
+RESEED = 20_240_607  # the global RNGs' seed for the determinism check's second run
 
 
 class Check(NamedTuple):
@@ -71,7 +76,7 @@ def check_instance(instance: Instance) -> list[Check]:
     """Run every check on one instance; later checks are skipped once the reference itself is unusable."""
     inputs = instance.inputs
     try:
-        result, again = _run(instance.solution, instance), _run(instance.solution, instance)
+        result, again = _run(instance.solution, instance), _run_reseeded(instance.solution, instance)
     except Exception as e:
         return [Check("runs", False, _one_line(e))]
     checks = [Check("runs", True)]
@@ -104,6 +109,16 @@ def check_instance(instance: Instance) -> list[Check]:
 
 def _run(solution: str, instance: Instance):
     return run_solution(solution, instance.inputs, instance.id)
+
+
+def _run_reseeded(solution: str, instance: Instance):
+    """The run again from other global RNG states: each run starts from the host's states and puts
+    them back (ptenv.tasks.host_state), so a reference that draws from them unseeded would otherwise
+    repeat itself."""
+    with reference_run():
+        torch.manual_seed(RESEED)
+        random.seed(RESEED)
+        return _run(solution, instance)
 
 
 def _degenerate_check(task, expected: torch.Tensor, inputs: dict[str, torch.Tensor]) -> Check:

@@ -17,7 +17,7 @@ import importlib.metadata
 import itertools
 import json
 import os
-import random
+import secrets
 import shutil
 import signal
 import socket
@@ -203,7 +203,7 @@ class LocalSandboxClient:
         self._control_lock = threading.Lock()
         self._request_ids = itertools.count()
         self._cgroup_dirs: dict[str, str] = {}
-        self._uid_base = 1_000_000 + random.randrange(60_000) * UID_SLOTS
+        self._uid_base = 1_000_000 + secrets.randbelow(60_000) * UID_SLOTS  # not `random`: the host's RNG is not ours
         self._slots = 0
 
     # -- the SandboxEnv surface

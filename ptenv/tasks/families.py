@@ -28,6 +28,7 @@ import torch
 from ptenv.tasks.rows import build_inputs, make_row, run_solution
 from ptenv.grader import grade
 from ptenv.tasks.canonical import FIXED_SHAPES, Task
+from ptenv.tasks.host_state import reference_run
 
 MAX_DRAWS = 20
 
@@ -100,12 +101,7 @@ def float64_answer(instance: Instance):
     """The reference run with float64 inputs and float64 as the default dtype (so the layers and
     constants it creates are float64 too)."""
     inputs = {name: t.double() if t.is_floating_point() else t for name, t in instance.inputs.items()}
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        return run_solution(instance.solution, inputs, instance.id)
-    finally:
-        torch.set_default_dtype(previous)
+    return run_solution(instance.solution, inputs, instance.id, default_dtype=torch.float64)
 
 
 def other_formulations(instance: Instance, expected: torch.Tensor) -> dict[str, str | None]:
@@ -130,6 +126,7 @@ def rewarded_shortcuts(instance: Instance, expected: torch.Tensor) -> list[str]:
             if grade(run_solution(code, instance.inputs, instance.id), expected).score != 0.0]
 
 
+@reference_run()
 def first_gradable(draw: Callable[[int], Instance]) -> Instance:
     """The first of draws 0, 1, ... that the tolerance grades fairly and that no shortcut passes;
     ValueError after MAX_DRAWS."""

@@ -664,7 +664,7 @@ _GN_REF = (
 )
 
 GROUP_NORM = FunctionFamily(
-    "nn_modules/group_norm_fn", "group_norm", ("x", "num_groups", "weight", "bias", "eps", "lengths"),
+    "nn_modules/group_norm_lengths_fn", "group_norm", ("x", "num_groups", "weight", "bias", "eps", "lengths"),
     "`x` is a float tensor of shape (N, C, L) (float32 or float64; N, C, L >= 1) holding padded sequences, "
     "`num_groups` an int G dividing C, `weight` and `bias` tensors of shape (C,) with the dtype of `x`, "
     "`eps` a positive float, and `lengths` an int64 tensor of shape (N,) with values in [0, L]: only the "

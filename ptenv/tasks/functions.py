@@ -27,6 +27,7 @@ import torch
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
 from ptenv.tasks.families import generator, seeded
+from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import make_function_row
 
 LEVELS = (1, 2)
@@ -120,13 +121,14 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
     return "\n".join(parts)
 
 
-def call(source: str, name: str, args: Args):
-    """Run a trusted implementation (the reference, or a listed wrong one) on private copies of `args`."""
+def call(source: str, name: str, args: Args, default_dtype: torch.dtype = torch.float32):
+    """Run a trusted implementation (the reference, or a listed wrong one) on private copies of
+    `args`, as the sandbox runs it (one thread), leaving the host's torch as it was."""
     namespace = {"torch": torch, "__name__": "__main__"}
     exec(compile(source, f"<{name}>", "exec"), namespace)
     copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-    torch.set_num_threads(1)  # as the sandbox runs it (and as rows.run_solution does)
-    return namespace[name](**copies)
+    with reference_run(default_dtype):
+        return namespace[name](**copies)
 
 
 def float64_args(args: Args) -> Args:
@@ -175,7 +177,7 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     graded, problems = [], []
     for name, args in cases:
         expected = as_outputs(call(family.reference, family.name, args))
-        recomputed = as_outputs(call(family.reference, family.name, float64_args(args)))
+        recomputed = as_outputs(call(family.reference, family.name, float64_args(args), torch.float64))
         verdict = grade_outputs([r.to(e.dtype) for r, e in zip(recomputed, expected)], expected)
         if verdict.score != 1.0:
             problems.append(f"{name}: float64 recompute: {verdict.reason}")

@@ -17,6 +17,7 @@ import torch
 
 from ptenv.inside import codec
 from ptenv.inside.namespace import new_namespace
+from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.canonical import CATEGORIES, Task
 
 ROW_KEYS = {"question", "info"}
@@ -54,6 +55,7 @@ class TaskRow:
         return row
 
 
+@reference_run()
 def build_inputs(task: Task) -> dict[str, torch.Tensor]:
     """Evaluate the task's input expressions (catalogue source, so trusted) with only `torch` in scope."""
     inputs = {}
@@ -70,11 +72,14 @@ def run_reference(task: Task):
     return run_solution(task.solution, build_inputs(task), task.id)
 
 
-def run_solution(solution: str, inputs: dict[str, torch.Tensor], name: str):
-    """Run `solution` on private copies of `inputs` as a model's cell would, and return its `result`."""
-    torch.set_num_threads(1)  # the sandbox session runs single-threaded
-    namespace = new_namespace(inputs)
-    exec(compile(solution, f"<{name}>", "exec"), namespace)
+def run_solution(solution: str, inputs: dict[str, torch.Tensor], name: str,
+                 default_dtype: torch.dtype = torch.float32):
+    """Run `solution` on private copies of `inputs` as a model's cell would (single-threaded, float32
+    by default unless told), and return its `result`; the host's thread count, default dtype and RNG
+    states are left as they were."""
+    with reference_run(default_dtype):
+        namespace = new_namespace(inputs)
+        exec(compile(solution, f"<{name}>", "exec"), namespace)
     if "result" not in namespace:
         raise NameError("the solution left no `result`")
     return namespace["result"]
@@ -94,6 +99,7 @@ def build_row(task: Task) -> dict:
     return make_row(task.id, task.does, build_inputs(task), task.solution)
 
 
+@reference_run()
 def make_row(task_id: str, does: str, inputs: dict[str, torch.Tensor], solution: str, **provenance) -> dict:
     expected = run_solution(solution, inputs, task_id)
     return {

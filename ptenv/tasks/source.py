@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ptenv.tasks import tiers as tier_catalogue
+from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import RowError, TaskRow, load_rows, parse_row
 
 DEFAULT_DATASET = "eltociear/pytorch-tasks-v1"
@@ -26,8 +27,9 @@ def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train", tiers=
     tier_catalogue.check_arguments(split, num_examples, seed, num_name)
     tier_catalogue.check_kind(kind, level, names)
     canonical = {row.task_id: row for row in load_rows(BUNDLED)} if kind == "result" else {}
-    return [canonical[i.id] if i.seed is None else parse_row(i.row(), i.id)
-            for i in tier_catalogue.select(names, split, num_examples, seed, kind, level)]
+    with reference_run():  # tasks are built as the sandbox runs them, and the host's torch left as it was
+        return [canonical[i.id] if i.seed is None else parse_row(i.row(), i.id)
+                for i in tier_catalogue.select(names, split, num_examples, seed, kind, level)]
 
 
 def _load_from_hub(dataset_name: str, split: str) -> list[TaskRow]:
