@@ -3,6 +3,7 @@
     python build_tasks.py --out train.jsonl          # write the rows (byte-identical across runs)
     python build_tasks.py --verify                   # one line per canonical task with each check
     python build_tasks.py --verify --variants 4      # and 4 seeded instances of every family
+                                                     # (function families: 4 hidden sets, rows of each level)
 
 A task passes when its reference runs cleanly and returns a real-valued tensor that is
 deterministic, finite, non-empty, different from every input and exactly round-trips through the
@@ -32,7 +33,8 @@ from ptenv.tasks.rows import dumps_rows, run_solution, write_rows
 from ptenv.tasks.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks.canonical import TASKS, Task
-from ptenv.tasks.tiers import SPLITS, TIERS, instance_seed
+from ptenv.tasks import functions
+from ptenv.tasks.tiers import FUNCTION_TIERS, SPLITS, TIERS, instance_seed
 
 
 RESEED = 20_240_607  # the global RNGs' seed for the determinism check's second run
@@ -172,6 +174,26 @@ def check_family(tier: str, family, variants: int) -> tuple[list[Check], list[di
     return checks, rows
 
 
+def check_function_family(tier: str, family, variants: int) -> tuple[list[Check], list[dict]]:
+    """A function family's gates: its contract states every hidden-case class, `variants` hidden
+    sets pass the float64 gate and fail every wrong implementation, and its rows come out the same
+    twice; with every variant's row at each level."""
+    missing = [c.name for c in family.cases if c.phrase not in family.contract]
+    checks = [_check("contract", not missing, f"states no phrase of {missing}")]
+    try:
+        for key in range(variants):
+            functions.gated_draw(family, f"verify#{key}", functions.DEFAULT_HIDDEN_CASES)
+        checks.append(Check("hidden", True))
+    except Exception as e:
+        return [*checks, Check("hidden", False, _one_line(e))], []
+    rows = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)
+            for level in functions.LEVELS]
+    again = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)
+             for level in functions.LEVELS]
+    checks.append(_check("reproducible", dumps_rows(rows) == dumps_rows(again), "a second generation differs"))
+    return checks, rows
+
+
 def duplicate_rows(rows: list[dict]) -> list[str]:
     """Ids of rows whose instruction and inputs equal an earlier row's."""
     seen, duplicates = set(), []
@@ -201,11 +223,19 @@ def verify(tasks: list[Task], variants: int = 0) -> bool:
             family_failed += not ok
             rows += family_rows
             print(f"{'ok  ' if ok else 'FAIL'} {tier + ' ' + family.id:<{width}}  {_describe(checks)}", flush=True)
+    for tier, members in FUNCTION_TIERS.items() if variants else ():
+        for family in members:
+            checks, family_rows = check_function_family(tier, family, variants)
+            ok = all(c.ok for c in checks)
+            family_failed += not ok
+            rows += family_rows
+            print(f"{'ok  ' if ok else 'FAIL'} {tier + ' ' + family.id:<{width}}  {_describe(checks)}", flush=True)
     duplicates = duplicate_rows(rows)
     summary = f"{len(tasks)} tasks: {len(tasks) - failed} passed, {failed} failed"
     if variants:
-        count = sum(len(m) for m in TIERS.values())
-        summary += f"; {count} families x {variants} variants: {count - family_failed} passed, {family_failed} failed"
+        count = sum(len(m) for m in TIERS.values()) + sum(len(m) for m in FUNCTION_TIERS.values())
+        summary += f"; {count} families (function families too) x {variants} variants: {count - family_failed} passed, " \
+                   f"{family_failed} failed"
     print(f"{summary}; {len(duplicates)} duplicate rows{' ' + str(duplicates[:5]) if duplicates else ''} "
           f"({time.perf_counter() - start:.1f} s)")
     return failed == family_failed == len(duplicates) == 0

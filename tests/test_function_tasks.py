@@ -40,6 +40,8 @@ REASONS = {
     "look_for_hidden_inputs": ["shape"],
     "no_function": ["no ```python block defining `segment_mean`"],
     "syntax_error": ["could not be loaded: SyntaxError"],
+    "huge_source": ["characters; at most 65536 are run"],
+    "nul_and_surrogate_in_source": ["could not be loaded"],
 }
 
 

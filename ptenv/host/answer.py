@@ -5,6 +5,7 @@ count, so a model that never calls a tool can still answer."""
 
 import re
 
+MAX_ANSWER_CHARS = 64 * 1024  # one request's argument on Prime is at most 128 KiB, base64 included
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 

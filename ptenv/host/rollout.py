@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from ptenv.grader import Verdict, grade, invalid_result
-from ptenv.host import commands, hidden
+from ptenv.host import answer, commands, hidden
 from ptenv.host.commands import ProtocolError, one_line
 from ptenv.inside.protocol import Limits
 
@@ -66,6 +66,9 @@ async def score_function(call, sandbox_id: str, source: str | None, name: str, c
     if source is None:
         reason = f"no ```python block defining `{name}` in the final message"
         return Outcome(Verdict(0.0, "no_result", False, False, False, False, reason), None, 0.0)
+    if len(source) > answer.MAX_ANSWER_CHARS:
+        reason = f"the answer's code block has {len(source)} characters; at most {answer.MAX_ANSWER_CHARS} are run"
+        return Outcome(Verdict(0.0, "invalid_result", True, False, False, False, reason), None, 0.0)
     timeout = limits.cell_timeout + len(cases) * (hidden.CALL_LIMIT + limits.grace) + limits.grace
     try:
         doc = await call(sandbox_id, "hidden", hidden.fields(source, name, [args for _, args, _ in cases]), timeout)

@@ -38,6 +38,8 @@ ANSWERS = {
                               "    found += files\n" + HEADER + "    return torch.tensor(float(len(found)))\n",
     "no_function": "x = 1\n",
     "syntax_error": HEADER + "    return (\n",
+    "huge_source": HEADER + "    return torch.zeros(1)\n" + "# padding\n" * 8000,
+    "nul_and_surrogate_in_source": HEADER + "    return '\0\ud800'\n",
 }
 
 
