@@ -234,8 +234,7 @@ def verify(tasks: list[Task], variants: int = 0) -> bool:
     summary = f"{len(tasks)} tasks: {len(tasks) - failed} passed, {failed} failed"
     if variants:
         count = sum(len(m) for m in TIERS.values()) + sum(len(m) for m in FUNCTION_TIERS.values())
-        summary += f"; {count} families (function families too) x {variants} variants: {count - family_failed} passed, " \
-                   f"{family_failed} failed"
+        summary += f"; {count} families x {variants} variants: {count - family_failed} passed, {family_failed} failed"
     print(f"{summary}; {len(duplicates)} duplicate rows{' ' + str(duplicates[:5]) if duplicates else ''} "
           f"({time.perf_counter() - start:.1f} s)")
     return failed == family_failed == len(duplicates) == 0
