@@ -20,9 +20,11 @@ import pytorch_env
 from tests.support.fake_prime import FakePrimeService
 from ptenv import inside
 from ptenv.host import prime, transports
-from ptenv.host.rollout import preload, run_cell
+from ptenv.host.rollout import preload, run_cell, score_function
 from ptenv.inside import supervisor
 from ptenv.inside.protocol import Limits
+from ptenv.tasks.fn_intermediate import SEGMENT_MEAN
+from ptenv.tasks.functions import HiddenCases
 
 pytestmark = pytest.mark.slow  # every rollout runs in a container-like bwrap
 
@@ -184,3 +186,39 @@ def test_in_the_container_the_model_runs_as_its_own_uid_and_cannot_touch_the_ses
               if c[0] == "execute_command" and c[2].startswith("ptenv-session sh ")]
     assert shells == [{"command": c, "cwd": None, "timeout": env.timeout_per_command_seconds} for c in ["id -u", *ATTACKS]]
     assert not [c for c in service.steps() if c.startswith("sh: ") and c != f"sh: {prime.READY_COMMAND}"]
+
+
+def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_session(service):
+    """The `hidden` request is one more `ptenv-session` command: the container's supervisor forks a
+    judge with new processes refused, and the host grades the outputs (the reference passes, a
+    forking answer fails that case as the model's, never as a harness error)."""
+    transport = transports.prime(Limits(cell_timeout=10))
+    family = SEGMENT_MEAN
+    cases = HiddenCases("prime", 4).of(family, 1)
+    forking = "import os\ndef segment_mean(x, seg, num_segments):\n    os.fork()\n    return x\n"
+
+    async def play():
+        sandbox = await transport.client.create(transport.request)
+        try:
+            await transport.client.wait_for_creation(sandbox.id)
+            await transport.wait_ready(sandbox.id)
+            await preload(transport.call, sandbox.id, family.instance("t", 1).inputs(), transport.command_timeout,
+                          transport.limits)
+            outcomes = [await score_function(transport.call, sandbox.id, source, family.name, cases, transport.limits,
+                                             False) for source in (family.reference, forking)]
+            return outcomes, sandbox.id
+        finally:
+            await transport.client.delete(sandbox.id)
+
+    (right, wrong), sandbox_id = asyncio.run(play())
+    assert (right.verdict.score, right.scoring_error, right.verdict.reason) == (1.0, None, "all 4 hidden cases pass")
+    assert (wrong.verdict.score, wrong.scoring_error, wrong.verdict.kind) == (0.0, None, "error")
+    assert "PermissionError" in wrong.verdict.reason
+    commands = [c[2] for c in service.calls if c[0] == "execute_command" and c[1] == sandbox_id]
+    hidden = [json.loads(base64.b64decode(c.split()[2])) for c in commands if c.startswith("ptenv-session hidden ")]
+    assert [h["source"] for h in hidden] == [family.reference, forking]
+    assert all(set(h) == {"source", "name", "cases", "call_limit", "timeout"} and h["name"] == "segment_mean"
+               for h in hidden)
+    sent = json.loads(hidden[0]["cases"])
+    assert len(sent) == 4 and all(set(case) == set(family.params) for case in sent)
+    assert "expected" not in hidden[0]["cases"]  # the arguments only: reference outputs stay on the host
