@@ -47,6 +47,14 @@ def test_every_wrong_implementation_fails_a_case_of_every_kept_set(family):
         assert not all(functions.passes(source, family.name, a, e) for _, a, e in cases), wrong
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.also_correct], ids=lambda f: f.id)
+def test_every_other_correct_implementation_passes_every_kept_set(family):
+    for key in ("a", "b", "c"):
+        cases = functions.gated_draw(family, key, functions.DEFAULT_HIDDEN_CASES)
+        for right, source in family.also_correct.items():
+            assert all(functions.passes(source, family.name, a, e) for _, a, e in cases), right
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_rows_are_byte_identical_and_parse(family):
     for level in functions.LEVELS:

@@ -381,6 +381,14 @@ LAYER_NORM_BACKWARD = FunctionFamily(
     },
     hint="with xhat = (x - mean) * rstd and g = grad_out * weight: grad_x = rstd * (g - mean(g) - xhat * "
          "mean(g * xhat)) over the last dim; grad_weight sums grad_out * xhat over the other dims.",
+    also_correct={
+        "autograd_over_layer_norm":
+            "def layer_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    with torch.enable_grad():\n"
+            "        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))\n"
+            "        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)\n"
+            "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
+    },
 )
 
 
@@ -506,6 +514,14 @@ BATCH_NORM_BACKWARD = FunctionFamily(
     },
     hint="with xhat = (x - mean) * rstd and g = grad_out * weight per channel: grad_x = rstd * (g - mean(g) - "
          "xhat * mean(g * xhat)), the means over dims 0 and 2.",
+    also_correct={
+        "autograd_over_batch_norm":
+            "def batch_norm_backward(x, weight, bias, eps, grad_out):\n"
+            "    with torch.enable_grad():\n"
+            "        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))\n"
+            "        y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=eps)\n"
+            "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
+    },
 )
 
 

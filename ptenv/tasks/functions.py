@@ -11,7 +11,8 @@ Hidden cases are drawn on the host after the model's last turn, from seeds the m
 (a secret of the environment, see `HiddenCases`), one of each class in order, then again from the
 first; the references are computed on the host and never enter the sandbox. A set of draws is
 kept only when the references pass against their float64 recompute (the tolerance gate) and every
-plausible wrong implementation the family lists fails at least one case; otherwise it is redrawn.
+plausible wrong implementation the family lists fails at least one case, while every other correct
+implementation it lists passes them all; otherwise it is redrawn.
 
 Levels: 1 lists the hidden-case classes under the contract and gives the family's hint (the
 torch functions that help); 2 gives the contract alone, which still states every class.
@@ -59,6 +60,9 @@ class FunctionFamily:
     cases: tuple[Case, ...]  # the first class's draw is also the example
     reference: str  # source defining `name`; runs on the host only
     wrong: dict[str, str] = field(default_factory=dict)  # plausible wrong implementations, by name
+    # Other correct implementations a solver would write (autograd over torch's op, the natural
+    # float32 formula): each must pass every kept case, so the tolerance does not fail a fair answer.
+    also_correct: dict[str, str] = field(default_factory=dict)
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
 
@@ -185,6 +189,10 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     for wrong, source in family.wrong.items():
         if all(passes(source, family.name, args, expected) for _, args, expected in graded):
             problems.append(f"the wrong implementation {wrong!r} passes every case")
+    for right, source in family.also_correct.items():
+        failed = [name for name, args, expected in graded if not passes(source, family.name, args, expected)]
+        if failed:
+            problems.append(f"the correct implementation {right!r} fails {failed[0]}")
     return problems, graded
 
 
