@@ -2,6 +2,7 @@
 phase in a real sandbox (the reference passes, each wrong implementation fails with a reason, every
 hostile answer scores 0.0 as the model's, never as a harness error), and the real vf-eval CLI."""
 
+import base64
 import json
 
 import pytest
@@ -169,3 +170,53 @@ def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
         where = f"{row['info']['task_id']} ({trick}): {row['verdict']}"
         assert (row["reward"], row["scoring_error"], row["harness_error"]) == (0.0, None, 0.0), where
         assert row["verdict"]["reason"].startswith(("hidden case", "no ```python block")), where
+
+
+DUMPER = """
+import os, threading, time
+def grab(path, out):
+    try:
+        with open(path, "rb") as f:
+            out.write(f.read(1 << 20))
+    except OSError:
+        pass
+def dump():
+    while True:
+        with open("/tmp/dump", "ab") as out:
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    for name in ("cmdline", "environ", "mem"):
+                        grab(f"/proc/{pid}/{name}", out)
+            for root, dirs, files in os.walk("/tmp"):
+                for name in files:
+                    if name != "dump":
+                        grab(os.path.join(root, name), out)
+        time.sleep(0.01)
+threading.Thread(target=dump, daemon=True).start()
+print(os.getpid())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.rootless
+async def test_nothing_the_model_leaves_running_sees_the_hidden_inputs(box):
+    """A thread the session leaves running keeps dumping everything it can read (every process's
+    command line, environment and memory, the scratch directory): it is gone before the hidden
+    inputs enter the sandbox, and nothing it wrote holds their bytes. (What a cell starts as a
+    process is swept when the cell ends; a thread of the session lives on until the session does.)"""
+    instance = SEGMENT_MEAN.instance("intermediate", 3)
+    await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
+    reply = await box.cell(DUMPER)
+    session = int(reply.stdout.split()[-1])
+    cases = CASES.of(SEGMENT_MEAN, 3)
+    outcome = await rollout.score_function(box.client.call, box.id, SEGMENT_MEAN.reference, SEGMENT_MEAN.name, cases,
+                                           box.client.limits, False)
+    assert outcome.verdict.score == 1.0
+    gone = await box.cell(f"import os\ntry:\n    os.kill({session}, 0)\n    print('alive')\nexcept ProcessLookupError:\n"
+                          f"    print('gone')\nprint(os.path.getsize('/tmp/dump'))")
+    assert gone.stdout.split()[0] == "gone" and int(gone.stdout.split()[1]) > 0
+    dump = await box.cell("import base64\nprint(base64.b64encode(open('/tmp/dump', 'rb').read()[-(8 << 20):]).decode())")
+    seen = base64.b64decode(dump.stdout) if not dump.note else b""
+    hidden = [t.numpy().tobytes() for _, args, _ in cases for t in args.values() if isinstance(t, torch.Tensor)
+              and t.numel() * t.element_size() >= 16]
+    assert hidden and not any(h in seen for h in hidden)
