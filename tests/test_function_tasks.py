@@ -14,7 +14,7 @@ from ptenv.inside import codec
 from ptenv.tasks import tiers
 from ptenv.tasks.fn_intermediate import MASKED_SOFTMAX, SEGMENT_MEAN
 from ptenv.tasks.functions import HiddenCases
-from tests.support.hostile_functions import ANSWERS, answer_for
+from tests.support.hostile_functions import ANSWERS, DIRECT_ONLY
 from tests.support.policy_server import serve_in_thread
 from tests.support.vf_eval import leftover_sandboxes, run_eval
 
@@ -42,7 +42,8 @@ REASONS = {
     "no_function": ["no ```python block defining `segment_mean`"],
     "syntax_error": ["could not be loaded: SyntaxError"],
     "huge_source": ["characters; at most 65536 are run"],
-    "nul_and_surrogate_in_source": ["could not be loaded"],
+    "nul_in_source": ["could not be loaded"],
+    "lone_surrogate_in_source": ["could not be loaded", "returned a str"],
 }
 
 
@@ -127,9 +128,9 @@ async def test_the_reference_passes_and_each_wrong_implementation_fails_with_its
 
 @pytest.mark.slow
 @pytest.mark.rootless
-@pytest.mark.parametrize("trick", list(ANSWERS))
+@pytest.mark.parametrize("trick", [*ANSWERS, *DIRECT_ONLY])
 async def test_a_hostile_answer_scores_zero_as_the_models_failure(box, trick):
-    _, source = answer_for(list(ANSWERS).index(trick), SEGMENT_MEAN.name)
+    source = {**ANSWERS, **DIRECT_ONLY}[trick].replace("{name}", SEGMENT_MEAN.name)
     found = answer.function_source(f"```python\n{source}```", SEGMENT_MEAN.name)
     outcome = await hidden_phase(box, SEGMENT_MEAN, found)
     assert outcome.scoring_error is None

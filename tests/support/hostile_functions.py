@@ -39,7 +39,12 @@ ANSWERS = {
     "no_function": "x = 1\n",
     "syntax_error": HEADER + "    return (\n",
     "huge_source": HEADER + "    return torch.zeros(1)\n" + "# padding\n" * 8000,
-    "nul_and_surrogate_in_source": HEADER + "    return '\0\ud800'\n",
+    "nul_in_source": HEADER + "    return '\0'\n",
+}
+# Not expressible through an OpenAI-compatible server (its JSON may not hold a lone surrogate: the
+# client refuses the reply as the endpoint's failure), so played at the client boundary only.
+DIRECT_ONLY = {
+    "lone_surrogate_in_source": HEADER + "    return '\ud800'\n",
 }
 
 
