@@ -300,4 +300,4 @@ def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
         where = (trace["task"]["data"]["id"], trace["info"]["verdict"])
         assert trace["ok"] and score(trace) == trace["metrics"]["hidden_pass_fraction"] == 0.0, where
         assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0, where
-        assert trace["info"]["verdict"]["reason"].startswith(("hidden case", "no ```python block")), where
+        assert trace["info"]["verdict"]["reason"].startswith(("hidden case", "no ```python block", "the answer's code block")), where
