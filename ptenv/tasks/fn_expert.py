@@ -353,7 +353,7 @@ LAYER_NORM_BACKWARD = FunctionFamily(
     "+ bias, with mean and the biased variance (divided by D) of each row x[..., :]. Return the tuple "
     "(grad_x, grad_weight, grad_bias): the gradients of sum(grad_out * y) with respect to x, weight and "
     "bias, shaped like x, (D,) and (D,), in the dtype of `x`. The gradient flows through the mean and the "
-    "variance too. D = 1 is valid (every normalised value is 0).",
+    "variance too. D = 1 is valid (every normalised value is 0, so grad_x and grad_weight are 0 there).",
     (
         Case("typical rows", "the layer norm over the last dim", lambda g: _ln(g)),
         Case("rank-3 input", "rank 2 or 3", lambda g: _ln(g, rank=3)),
