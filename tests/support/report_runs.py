@@ -188,6 +188,11 @@ def markdown_tables(text: str) -> dict[str, list[dict]]:
     return tables
 
 
+def value_of(cell: str) -> str:
+    """A report cell's value without its interval and mark ("0.500 [0.250, 0.750]*" -> "0.500")."""
+    return cell.split(" [")[0]
+
+
 def png_size(data: bytes) -> tuple[int, int]:
     """Width and height from a PNG's IHDR chunk, after checking the signature and chunk type."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
