@@ -21,7 +21,7 @@ from ptenv.report.runs import load_run
 from ptenv.report.stats import pass_at_k
 from ptenv.tasks.canonical import CATEGORIES
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
-                         outcomes, png_size, policy_server, report)
+                         outcomes, png_size, policy_server, report, value_of)
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 # The same 8 tasks in both runs, from several categories.
@@ -73,7 +73,7 @@ def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
     for category, numbers in expected.items():
         assert rows[category]["tier"] == ("" if category == "all" else "basic")
         for column, value in numbers.items():
-            assert rows[category][column] == (f"{value:.3f}" if isinstance(value, float) else str(value)), column
+            assert value_of(rows[category][column]) == (f"{value:.3f}" if isinstance(value, float) else str(value)), column
 
     reasons = {row["category"]: row for row in tables["Failure reasons (rollouts)"]}
     assert {k: int(v) for k, v in reasons["all"].items() if k not in ("category", "tier") and v != "0"} \
@@ -134,9 +134,11 @@ def test_compare_puts_two_runs_side_by_side_with_deltas(runs, tmp_path):
     for row in table:
         a = expected[row["category"]]
         assert (row["rollouts A"], row["rollouts B"]) == (str(a["rollouts"]), str(a["rollouts"] // 2))
-        assert (row["pass@1 A"], row["pass@1 B"]) == (f"{a['pass@1']:.3f}", "1.000")
-        assert row["pass@1 delta"] == f"{1.0 - a['pass@1']:.3f}"
+        assert (value_of(row["pass@1 A"]), value_of(row["pass@1 B"])) == (f"{a['pass@1']:.3f}", "1.000")
+        assert value_of(row["pass@1 delta"]) == f"{1.0 - a['pass@1']:.3f}"
         assert (row["harness errors A"], row["harness errors B"]) == (str(a["harness errors"]), "0")
+    # The same 8 prompts in both: paired; the reference passes 6 prompts more than the mixed policy.
+    assert table[-1]["paired"] == "yes" and table[-1]["pass@1 delta"].endswith("]*")
     assert png_size((tmp_path / "compare.png").read_bytes()) == (800, 450)
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,
-                         mixed_policy, outcomes, policy_server, report, v1_eval)
+                         mixed_policy, outcomes, policy_server, report, v1_eval, value_of)
 
 pytestmark = pytest.mark.v1
 
@@ -47,7 +47,7 @@ def test_the_report_of_a_v1_run_matches_its_recorded_traces(mixed, tmp_path):
     rows = {row["category"]: row for row in tables["Results"]}
     for category, numbers in expected.items():
         for column, value in numbers.items():
-            assert rows[category][column] == (f"{value:.3f}" if isinstance(value, float) else str(value)), column
+            assert value_of(rows[category][column]) == (f"{value:.3f}" if isinstance(value, float) else str(value)), column
     everything = tables["Failure reasons (rollouts)"][-1]
     assert {k: int(v) for k, v in everything.items() if k not in ("category", "tier") and v != "0"} \
         == expected_reasons(8, 2)

@@ -1,5 +1,5 @@
 """python -m ptenv.report: a vf-eval run of pytorch-env per category and tier, with pass@k, failure
-reasons and a plot; or two runs side by side.
+reasons and a plot, and 95% intervals (ptenv.report.bootstrap); or two runs side by side.
 
     python -m ptenv.report PATH [--tasks] [--out DIR]
     python -m ptenv.report --compare A B [--out DIR]

@@ -1,14 +1,21 @@
 """A report as text, Markdown and CSV: one run, or two side by side. Tables are built once from
-raw values; text and Markdown show floats to 3 places, CSV to 6 significant digits."""
+raw values; text and Markdown show floats to 3 places, an estimate as "value [low, high]" (a delta
+whose interval excludes 0 marked *), CSV floats to 6 significant digits with an estimate's interval
+in its own "low" and "high" columns."""
 
 import csv
 import io
 
 from ptenv.report.reasons import REASONS
 from ptenv.report.runs import Run
-from ptenv.report.stats import Stats, order
+from ptenv.report.bootstrap import NAME, RESAMPLES
+from ptenv.report.stats import Delta, Estimate, Stats, compare, order
 
 OUTCOMES = ("pass", *REASONS)
+INTERVALS = (f"intervals: [low, high] is a {NAME} ({RESAMPLES} resamples, seeded), each prompt's rollouts kept "
+             "together; none for a group of one prompt")
+DELTAS = ("deltas: B - A, * where its interval excludes 0; paired (one draw of the prompts for both runs) where "
+          "both runs have the same prompts, else each run's prompts drawn on their own")
 KEYS = ("category", "tier", "task")
 
 
@@ -27,18 +34,21 @@ def reasons_table(stats: list[Stats], width: int) -> tuple[list, list]:
 
 
 def compare_table(a: list[Stats], b: list[Stats]) -> tuple[list, list]:
-    """Per category and tier: rollouts, pass@1 and mean reward of A and B with B - A, harness errors."""
+    """Per category and tier: rollouts, pass@1 and mean reward of A and B with B - A, whether the
+    deltas' intervals are paired, harness errors. A row only one run has gets no deltas."""
     by_key_a, by_key_b = {s.key: s for s in a}, {s.key: s for s in b}
     keys = sorted(by_key_a.keys() | by_key_b.keys(), key=lambda key: (key[0] == "all", order(key)))
     headers = ["category", "tier", "rollouts A", "rollouts B", "pass@1 A", "pass@1 B", "pass@1 delta",
-               "mean reward A", "mean reward B", "mean reward delta", "harness errors A", "harness errors B"]
+               "mean reward A", "mean reward B", "mean reward delta", "paired", "harness errors A",
+               "harness errors B"]
     rows = []
     for key in keys:
         sa, sb = by_key_a.get(key), by_key_b.get(key)
-        pass_a, pass_b = (s and s.pass_at[0] for s in (sa, sb))
-        mean_a, mean_b = (s and s.mean_reward for s in (sa, sb))
-        rows.append([*key, sa and sa.rollouts, sb and sb.rollouts, pass_a, pass_b, _delta(pass_a, pass_b),
-                     mean_a, mean_b, _delta(mean_a, mean_b), sa and sa.harness_errors, sb and sb.harness_errors])
+        paired, pass_delta, mean_delta = compare(sa, sb) if sa and sb else (None, None, None)
+        rows.append([*key, sa and sa.rollouts, sb and sb.rollouts, sa and sa.pass_at[0], sb and sb.pass_at[0],
+                     pass_delta, sa and sa.mean_reward, sb and sb.mean_reward, mean_delta,
+                     None if paired is None else "yes" if paired else "no", sa and sa.harness_errors,
+                     sb and sb.harness_errors])
     return headers, rows
 
 
@@ -86,7 +96,7 @@ def run_lines(run: Run) -> list[str]:
     prompts = len({r.task_id for r in run.rollouts})
     lines = [f"run: {run.path}",
              f"verifiers line: {run.line}, model: {run.model}, {prompts} prompts, {len(run.rollouts)} rollouts",
-             f"versions: {versions_text(run)}"]
+             f"versions: {versions_text(run)}", INTERVALS]
     if run.guessed:
         lines.append(f"note: no verdict recorded, so {run.guessed} failed rollouts with neither shape nor dtype "
                      "right count as invalid answers (runs of this version record the verdict, which tells them apart)")
@@ -98,7 +108,7 @@ def compare_lines(a: Run, b: Run) -> list[str]:
              f"versions: {versions_text(run)})" for name, run in (("A", a), ("B", b))]
     if a.versions != b.versions:
         lines.append(f"versions differ: {versions_diff(a, b)}")
-    return lines
+    return lines + [INTERVALS, DELTAS]
 
 
 def versions_diff(a: Run, b: Run) -> str:
@@ -119,13 +129,14 @@ def _key(s: Stats, width: int) -> tuple:
     return (*s.key, "", "")[:width]
 
 
-def _delta(a, b):
-    return None if a is None or b is None else b - a
-
-
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, Estimate):
+        if value.interval is None:
+            return f"{value.value:.3f}"
+        mark = "*" if isinstance(value, Delta) and value.excludes_zero else ""
+        return f"{value.value:.3f} [{value.interval[0]:.3f}, {value.interval[1]:.3f}]{mark}"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -149,9 +160,20 @@ def _markdown(table) -> str:
 
 
 def _csv(table) -> str:
+    """A column of estimates becomes three: its values, then "low" and "high" (empty without an interval)."""
     headers, rows = table
+    wide = [any(isinstance(row[i], Estimate) for row in rows) for i in range(len(headers))]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(headers)
-    writer.writerows([["" if v is None else f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows])
+    writer.writerow([name for h, w in zip(headers, wide) for name in ([h, f"{h} low", f"{h} high"] if w else [h])])
+    for row in rows:
+        cells = [part for v, w in zip(row, wide) for part in (_spread(v) if w else [v])]
+        writer.writerow(["" if v is None else f"{v:.6g}" if isinstance(v, float) else v for v in cells])
     return out.getvalue()
+
+
+def _spread(value) -> list:
+    """An estimate's value, low and high (None for what is missing)."""
+    if value is None:
+        return [None, None, None]
+    return [value.value, *(value.interval or (None, None))]
