@@ -28,7 +28,10 @@ def test_selfcheck_passes_through_the_real_vf_eval():
     assert any("-r 3 -c 16" in line and "135/135 at 1.0, 0 scoring_error -> ok" in line for line in lines)
     assert lines[-1] == "self-check passed"
     # Each run's report, under its line: the whole run's row of the results and of the failure reasons.
-    rows = [line.split() for line in lines if line.startswith("    all ")]
+    # Cells carry a 95% interval after the value ("1.000 [1.000, 1.000]"): compare the values here.
+    report = [line for line in lines if line.startswith("    all ")]
+    assert "1.000 [1.000, 1.000]" in report[0] and "0.000 [0.000, 0.000]" in report[2]
+    rows = [[cell for cell in line.split() if not cell.startswith("[") and not cell.endswith("]")] for line in report]
     assert rows == [
         ["all", "45", "1.000", "1.000", "0", "1.000"], ["all", "45", *["0"] * 8],
         ["all", "45", "0.000", "0.000", "0", "1.000"], ["all", "0", "45", *["0"] * 7],
