@@ -4,6 +4,7 @@
     python build_tasks.py --verify                   # one line per canonical task with each check
     python build_tasks.py --verify --variants 4      # and 4 seeded instances of every family
                                                      # (function families: 4 hidden sets, rows of each level)
+    python build_tasks.py --manifest                 # rewrite ptenv/tasks/splits.json (the split manifest)
 
 A task passes when its reference runs cleanly and returns a real-valued tensor that is
 deterministic, finite, non-empty, different from every input and exactly round-trips through the
@@ -15,6 +16,8 @@ Two more checks say the tolerance is not too tight: the reference recomputed in 
 down passes, and so does the family's independent formulation where it has one. A generated
 instance must also come out byte-identical when generated again, and no two rows (the canonical
 ones and every variant, train and test) may share both instruction and inputs.
+--verify also generates the default sets of every tier and checks them against the split manifest
+(ptenv/tasks/splits.py), naming every row that changed.
 """
 
 import argparse
@@ -33,7 +36,7 @@ from ptenv.tasks.rows import dumps_rows, run_solution, write_rows
 from ptenv.tasks.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks.canonical import TASKS, Task
-from ptenv.tasks import functions
+from ptenv.tasks import functions, splits
 from ptenv.tasks.tiers import FUNCTION_TIERS, SPLITS, TIERS, instance_seed
 
 
@@ -237,7 +240,21 @@ def verify(tasks: list[Task], variants: int = 0) -> bool:
         summary += f"; {count} families x {variants} variants: {count - family_failed} passed, {family_failed} failed"
     print(f"{summary}; {len(duplicates)} duplicate rows{' ' + str(duplicates[:5]) if duplicates else ''} "
           f"({time.perf_counter() - start:.1f} s)")
-    return failed == family_failed == len(duplicates) == 0
+    manifest_ok = verify_manifest()
+    return failed == family_failed == len(duplicates) == 0 and manifest_ok
+
+
+def verify_manifest() -> bool:
+    """The default sets against the committed split manifest: one line per changed row."""
+    start = time.perf_counter()
+    changed = splits.check()
+    for line in changed:
+        print(f"FAIL manifest {line}")
+    rows = sum(len(rows) for rows in splits.load().values()) if splits.MANIFEST.exists() else 0
+    print(f"{'ok  ' if not changed else 'FAIL'} split manifest {splits.MANIFEST.name} (version {splits.split_version(splits.MANIFEST)}, "
+          f"{rows} rows): {len(changed)} differences ({time.perf_counter() - start:.1f} s)"
+          + ("; if the change is meant, run --manifest and say so in CHANGELOG.md" if changed else ""))
+    return not changed
 
 
 def main(argv=None) -> int:
@@ -245,6 +262,8 @@ def main(argv=None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--out", metavar="PATH", help="write the dataset as JSONL")
     mode.add_argument("--verify", action="store_true", help="check every task and exit non-zero on any failure")
+    mode.add_argument("--manifest", action="store_true",
+                      help=f"rewrite the split manifest ({splits.MANIFEST.name}) from a fresh generation of the default sets")
     parser.add_argument("--variants", type=int, default=0, metavar="N",
                         help="with --verify, also check N seeded instances of every family (default 0)")
     args = parser.parse_args(argv)
@@ -252,6 +271,15 @@ def main(argv=None) -> int:
         parser.error(f"--variants must be 0 or more, got {args.variants}")
     if args.verify:
         return 0 if verify(TASKS, args.variants) else 1
+    if args.manifest:
+        before = splits.load() if splits.MANIFEST.exists() else {}
+        manifest = splits.write()
+        splits.split_version.cache_clear()
+        for line in splits.differences(before, manifest):
+            print(line)
+        print(f"wrote {sum(len(r) for r in manifest.values())} rows of {len(manifest)} sets to {splits.MANIFEST} "
+              f"(split version {splits.split_version()})")
+        return 0
     write_rows(TASKS, args.out)
     print(f"wrote {len(TASKS)} rows to {args.out}")
     return 0

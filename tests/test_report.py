@@ -18,6 +18,7 @@ import torch
 from ptenv.grader import KINDS
 from ptenv.report.reasons import REASON_OF_KIND, REASONS
 from ptenv.report.runs import load_run
+from ptenv.tasks.splits import split_version
 from ptenv.report.stats import pass_at_k
 from ptenv.tasks.canonical import CATEGORIES
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables, mixed_policy,
@@ -91,7 +92,8 @@ def test_the_report_of_a_run_matches_its_recorded_rollouts(runs, tmp_path):
     for k, value in verifiers_pass_at.items():
         assert float(everything[f"pass@{k}"]) == pytest.approx(value, abs=1e-6)
 
-    versions = f"pytorch-env {metadata.version('pytorch-env')}, torch {torch.__version__}, verifiers 0.3.1"
+    versions = (f"pytorch-env {metadata.version('pytorch-env')}, splits {split_version()}, torch {torch.__version__}, "
+                "verifiers 0.3.1")
     assert f"versions: {versions}" in done.stdout.splitlines()
     assert f"- versions: {versions}" in (tmp_path / "report.md").read_text()
     assert done.stdout.splitlines()[-1] == f"wrote report.md, report.csv, report.png to {tmp_path}"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ptenv.tasks.splits import split_version
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,
                          mixed_policy, outcomes, policy_server, report, v1_eval, value_of)
 
@@ -51,7 +52,8 @@ def test_the_report_of_a_v1_run_matches_its_recorded_traces(mixed, tmp_path):
     everything = tables["Failure reasons (rollouts)"][-1]
     assert {k: int(v) for k, v in everything.items() if k not in ("category", "tier") and v != "0"} \
         == expected_reasons(8, 2)
-    versions = f"pytorch-env {metadata.version('pytorch-env')}, torch {torch.__version__}, verifiers 0.4.0"
+    versions = (f"pytorch-env {metadata.version('pytorch-env')}, splits {split_version()}, torch {torch.__version__}, "
+                "verifiers 0.4.0")
     assert f"versions: {versions}" in done.stdout.splitlines()
     assert "verifiers line: v1, model: mixed, 8 prompts, 16 rollouts" in done.stdout.splitlines()
 

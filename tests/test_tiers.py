@@ -185,6 +185,7 @@ def test_verify_passes_a_fixed_sample_of_variants_of_every_family():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
     families = sum(len(m) for m in tiers.TIERS.values()) + sum(len(m) for m in tiers.FUNCTION_TIERS.values())
     assert f"{families} families x 2 variants: {families} passed, 0 failed; 0 duplicate rows" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("ok   split manifest")
 
 
 def instance(solution: str, independent: str | None = None, x=None) -> Instance:

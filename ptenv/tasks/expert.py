@@ -159,6 +159,13 @@ def _components(g):
     return {}, {"grid": grid}
 
 
+def _gram(a: torch.Tensor) -> torch.Tensor:
+    """a @ a.T, each element the correctly rounded sum of its products (math.fsum): a matmul's
+    last bits depend on the CPU's kernel (issue 24), and these are inputs, so part of the row."""
+    rows = a.tolist()
+    return torch.tensor([[math.fsum(x * y for x, y in zip(u, v)) for v in rows] for u in rows], dtype=torch.float64)
+
+
 def _kalman(g):
     n, m, t = 2 * randint(g, 1, 2), randint(g, 1, 2), randint(g, 6, 8)
     dt = pick(g, [0.5, 1.0])
@@ -167,9 +174,9 @@ def _kalman(g):
     F[:half, half:] = dt * torch.eye(half, dtype=torch.float64)  # position += dt * velocity
     H = normal(g, m, n, scale=0.7, dtype=torch.float64)
     a = normal(g, n, n, scale=0.3, dtype=torch.float64)
-    Q = a @ a.T + 0.05 * torch.eye(n, dtype=torch.float64)
+    Q = _gram(a) + 0.05 * torch.eye(n, dtype=torch.float64)
     rr = normal(g, m, m, scale=0.3, dtype=torch.float64)
-    R = rr @ rr.T + 0.2 * torch.eye(m, dtype=torch.float64)
+    R = _gram(rr) + 0.2 * torch.eye(m, dtype=torch.float64)
     z = normal(g, t, m, scale=2.0, dtype=torch.float64)
     missing = torch.randperm(t - 1, generator=g)[:2] + 1
     z[missing] = float("nan")  # two observations are missing, never the first

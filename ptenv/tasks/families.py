@@ -96,6 +96,25 @@ def seeded(key: str) -> torch.Generator:
 
 # --- the tolerance gate ------------------------------------------------------------------------
 
+# A hook for tests (issue 24): when set, every floating-point result a gate compares (a draw's
+# reference output, its float64 recompute cast down, its independent formulation, each shortcut's
+# answer; a function family's reference, recompute and listed implementations) passes through it
+# before grading, standing in for another CPU's float32 rounding. The decisions that pick a draw
+# must not change under it (tests/test_cpu_independence.py). None in normal use.
+GATE_VIEW: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def seen_by_gate(value):
+    """`value` as the gates see it: through GATE_VIEW (when set) if a floating-point tensor, else as is."""
+    if GATE_VIEW is None:
+        return value
+    if isinstance(value, tuple):
+        return tuple(seen_by_gate(v) for v in value)
+    if type(value) is torch.Tensor and value.is_floating_point():
+        return GATE_VIEW(value.detach())
+    return value
+
+
 
 def float64_answer(instance: Instance):
     """The reference run with float64 inputs and float64 as the default dtype (so the layers and
@@ -113,7 +132,7 @@ def other_formulations(instance: Instance, expected: torch.Tensor) -> dict[str, 
     problems = {}
     for name, compute in ways.items():
         try:
-            verdict = grade(compute(instance).detach().to(expected.dtype), expected)
+            verdict = grade(seen_by_gate(compute(instance).detach().to(expected.dtype)), expected)
             problems[name] = None if verdict.score == 1.0 else verdict.reason
         except Exception as e:
             problems[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
@@ -123,7 +142,7 @@ def other_formulations(instance: Instance, expected: torch.Tensor) -> dict[str, 
 def rewarded_shortcuts(instance: Instance, expected: torch.Tensor) -> list[str]:
     """The names of the instance's shortcuts that the grader accepts."""
     return [name for name, code in instance.shortcuts.items()
-            if grade(run_solution(code, instance.inputs, instance.id), expected).score != 0.0]
+            if grade(seen_by_gate(run_solution(code, instance.inputs, instance.id)), expected).score != 0.0]
 
 
 @reference_run()
@@ -132,7 +151,7 @@ def first_gradable(draw: Callable[[int], Instance]) -> Instance:
     ValueError after MAX_DRAWS."""
     for n in range(MAX_DRAWS):
         instance = draw(n)
-        expected = run_solution(instance.solution, instance.inputs, instance.id).detach()
+        expected = seen_by_gate(run_solution(instance.solution, instance.inputs, instance.id).detach())
         problems = {k: v for k, v in other_formulations(instance, expected).items() if v is not None}
         problems.update(dict.fromkeys(rewarded_shortcuts(instance, expected), "the grader accepts this shortcut"))
         if not problems:

@@ -27,7 +27,7 @@ import torch
 
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
-from ptenv.tasks.families import generator, seeded
+from ptenv.tasks.families import generator, seeded, seen_by_gate
 from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import make_function_row
 
@@ -178,26 +178,31 @@ def gated_draw(family: FunctionFamily, key: str, n: int) -> list[tuple[str, Args
 
 def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     """(problems, the cases with their reference outputs)."""
-    graded, problems = [], []
+    graded, gated, problems = [], [], []
     for name, args in cases:
         expected = as_outputs(call(family.reference, family.name, args))
         recomputed = as_outputs(call(family.reference, family.name, float64_args(args), torch.float64))
-        verdict = grade_outputs([r.to(e.dtype) for r, e in zip(recomputed, expected)], expected)
+        seen = [seen_by_gate(e) for e in expected]  # the graded set keeps the reference's own outputs
+        verdict = grade_outputs([seen_by_gate(r.to(e.dtype)) for r, e in zip(recomputed, expected)], seen)
         if verdict.score != 1.0:
             problems.append(f"{name}: float64 recompute: {verdict.reason}")
         graded.append((name, args, expected))
+        gated.append(seen)
     for wrong, source in family.wrong.items():
-        if all(passes(source, family.name, args, expected) for _, args, expected in graded):
+        if all(passes(source, family.name, args, seen, gate=True) for (_, args, _), seen in zip(graded, gated)):
             problems.append(f"the wrong implementation {wrong!r} passes every case")
     for right, source in family.also_correct.items():
-        failed = [name for name, args, expected in graded if not passes(source, family.name, args, expected)]
+        failed = [name for (name, args, _), seen in zip(graded, gated)
+                  if not passes(source, family.name, args, seen, gate=True)]
         if failed:
             problems.append(f"the correct implementation {right!r} fails {failed[0]}")
     return problems, graded
 
 
-def passes(source: str, name: str, args: Args, expected: list[torch.Tensor]) -> bool:
+def passes(source: str, name: str, args: Args, expected: list[torch.Tensor], gate: bool = False) -> bool:
+    """Whether the implementation `source` passes the case; `gate`: as a draw's gate sees its outputs."""
     try:
-        return grade_outputs(as_outputs(call(source, name, args)), expected).score == 1.0
+        outputs = as_outputs(call(source, name, args))
+        return grade_outputs([seen_by_gate(o) for o in outputs] if gate else outputs, expected).score == 1.0
     except Exception:
         return False
