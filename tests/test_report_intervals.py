@@ -7,15 +7,18 @@ import itertools
 import math
 import random
 import time
+from pathlib import Path
 
 import pytest
 from matplotlib.container import BarContainer
 
 from ptenv.report.build import by_tier
 from ptenv.report.plot import figure
-from ptenv.report.runs import Rollout, load_run
+from ptenv.report.runs import Rollout, load_run, tier_label
 from ptenv.report.stats import compare, group, pass_at_k, summarize
 from tests.support.report_runs import markdown_tables, png_size, report, synthetic_run
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def rollouts(rewards: dict[str, list[float]]) -> list[Rollout]:
@@ -174,3 +177,10 @@ def test_intervals_over_a_thousand_rollouts_take_well_under_a_second():
         for sa, sb in zip(group(a), group(b)):
             compare(sa, sb)
         assert time.process_time() - start < 1.0
+
+
+def test_function_tasks_are_grouped_by_kind_and_level_apart_from_result_tasks():
+    saved = ROOT / "bench" / "results" / "qwen2.5-coder-1.5b-function-level1" / "basic"
+    run = load_run(next(saved.glob("evals/*/*/results.jsonl")))
+    assert {r.tier for r in run.rollouts} == {"basic-fn1"} and len(run.rollouts) == 90
+    assert tier_label({"tier": "basic"}) == "basic" and tier_label({}) == "basic"

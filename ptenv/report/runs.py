@@ -77,10 +77,16 @@ def load_run(path: Path) -> Run:
         guessed += was_guessed
         versions = record["versions"]
         stamp = tuple(sorted(versions.items())) if isinstance(versions, dict) else ()
-        rollouts.append(Rollout(task["task_id"], task["category"], task.get("tier", DEFAULT_TIER),
-                                record["reward"], reason, stamp))
+        rollouts.append(Rollout(task["task_id"], task["category"], tier_label(task), record["reward"], reason, stamp))
     _check_complete(results, rollouts, prompts, per_prompt)
     return Run(results, line, model, rollouts, guessed)
+
+
+def tier_label(task: dict) -> str:
+    """The tier a report groups by; a function task's says its kind and level ("basic-fn1"), so
+    that the two kinds of the same tier are never averaged together."""
+    tier = task.get("tier", DEFAULT_TIER)
+    return f"{tier}-fn{task.get('level')}" if task.get("kind") == "function" else tier
 
 
 def _lines(path: Path) -> list[tuple[str, object]]:
