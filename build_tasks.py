@@ -219,16 +219,10 @@ def verify(tasks: list[Task], variants: int = 0) -> bool:
         rows += [canonical_instance(task).row()] if ok else []
         print(f"{'ok  ' if ok else 'FAIL'} {task.id:<{width}}  {_describe(checks)}", flush=True)
     family_failed = 0
-    for tier, members in TIERS.items() if variants else ():
-        for family in members:
-            checks, family_rows = check_family(tier, family, variants)
-            ok = all(c.ok for c in checks)
-            family_failed += not ok
-            rows += family_rows
-            print(f"{'ok  ' if ok else 'FAIL'} {tier + ' ' + family.id:<{width}}  {_describe(checks)}", flush=True)
-    for tier, members in FUNCTION_TIERS.items() if variants else ():
-        for family in members:
-            checks, family_rows = check_function_family(tier, family, variants)
+    catalogues = ((TIERS, check_family), (FUNCTION_TIERS, check_function_family)) if variants else ()
+    for catalogue, check in catalogues:
+        for tier, family in [(tier, family) for tier, members in catalogue.items() for family in members]:
+            checks, family_rows = check(tier, family, variants)
             ok = all(c.ok for c in checks)
             family_failed += not ok
             rows += family_rows
