@@ -179,6 +179,15 @@ def uniform(g: torch.Generator, low: float, high: float, *shape, dtype=torch.flo
     return (low + (high - low) * torch.rand(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
+def dyadic(g: torch.Generator, *shape, lim: int = 8, den: int = 4, dtype=torch.float32, nonzero: bool = False):
+    """Values k/den with k in [-lim, lim] (k != 0 when nonzero): exact in float32, so sums of
+    products stay exact."""
+    k = torch.randint(-lim, lim + 1, shape, generator=g)
+    if nonzero:
+        k = torch.where(k == 0, torch.ones_like(k), k)
+    return (k.to(torch.float64) / den).to(dtype)
+
+
 # --- basic families: the canonical tasks with redrawn values -----------------------------------
 
 

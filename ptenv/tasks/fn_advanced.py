@@ -7,16 +7,8 @@ exact in float32 and the float64 recompute gate never meets cancellation."""
 
 import torch
 
-from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
 from ptenv.tasks.functions import Case, FunctionFamily
-
-
-def _dyadic(g, *shape, lim: int = 8, den: int = 4, dtype=torch.float32, nonzero: bool = False):
-    """Values k/den with k in [-lim, lim] (k != 0 when nonzero): exact in float32, sums stay exact."""
-    k = torch.randint(-lim, lim + 1, shape, generator=g)
-    if nonzero:
-        k = torch.where(k == 0, torch.ones_like(k), k)
-    return (k.to(torch.float64) / den).to(dtype)
 
 
 # --- embedding_bag ------------------------------------------------------------------------------
@@ -43,7 +35,7 @@ def _bags(g, *, mode=None, empty=False, pad=False, dtype=torch.float32, weights=
     if weights is None:
         weights = mode == "wmean" or (mode == "sum" and bool(randint(g, 0, 1)))
     psw = (torch.randint(1, 9, (sum(sizes),), generator=g).double() / 4).to(dtype) if weights else None
-    return {"weight": _dyadic(g, v, d, dtype=dtype), "indices": indices, "offsets": offsets, "mode": mode,
+    return {"weight": dyadic(g, v, d, dtype=dtype), "indices": indices, "offsets": offsets, "mode": mode,
             "per_sample_weights": psw, "padding_idx": padding_idx}
 
 
@@ -140,8 +132,8 @@ def _scatter(g, *, reduce=None, include_self=None, untouched=False, n=None, dtyp
     targets = torch.randperm(m, generator=g)[: m - 1] if untouched else torch.arange(m)
     index = targets[torch.randint(0, len(targets), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
     include_self = bool(randint(g, 0, 1)) if include_self is None else include_self
-    return {"self": _dyadic(g, m, d, dtype=dtype, nonzero=True), "index": index,
-            "src": _dyadic(g, n, d, dtype=dtype, nonzero=True), "reduce": reduce, "include_self": include_self}
+    return {"self": dyadic(g, m, d, dtype=dtype, nonzero=True), "index": index,
+            "src": dyadic(g, n, d, dtype=dtype, nonzero=True), "reduce": reduce, "include_self": include_self}
 
 
 _SCATTER_REF = (
@@ -225,7 +217,7 @@ def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
         dh -= 1
     while w + 2 * pw < dw * (kw - 1) + 1:
         dw -= 1
-    return {"x": _dyadic(g, n, c, h, w, dtype=dtype), "kernel_size": [kh, kw], "stride": [sh, sw],
+    return {"x": dyadic(g, n, c, h, w, dtype=dtype), "kernel_size": [kh, kw], "stride": [sh, sw],
             "padding": [ph, pw], "dilation": [dh, dw], "padding_mode": mode}
 
 
@@ -306,7 +298,7 @@ def _fold(g, *, reduction=None, gaps=False, dtype=torch.float32, padded=False):
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     reduction = reduction or pick(g, ["sum", "mean"])
-    return {"cols": _dyadic(g, n, c * kh * kw, oh * ow, dtype=dtype), "output_size": [h, w],
+    return {"cols": dyadic(g, n, c * kh * kw, oh * ow, dtype=dtype), "output_size": [h, w],
             "kernel_size": [kh, kw], "stride": [sh, sw], "padding": [ph, pw], "dilation": [dh, dw],
             "reduction": reduction}
 
@@ -457,7 +449,7 @@ def _adaptive(g, *, mode=None, up=False, dtype=torch.float32, one=False):
     n, c = randint(g, 1, 2), randint(g, 1, 3)
     length = 1 if one else randint(g, 3, 10)
     out = randint(g, length + 1, length + 4) if up else (randint(g, 1, 4) if one else randint(g, 2, length))
-    return {"x": _dyadic(g, n, c, length, dtype=dtype), "output_size": out,
+    return {"x": dyadic(g, n, c, length, dtype=dtype), "output_size": out,
             "mode": mode or pick(g, ["avg", "max", "min"])}
 
 
@@ -575,7 +567,7 @@ def _cumul(g, *, op=None, reverse=None, exclusive=None, dtype=torch.float32, ran
         values = torch.tensor([-2.0, -1.5, -1.0, -0.5, 0.5, 1.0, 1.5, 2.0], dtype=torch.float64)
         x = values[torch.randint(0, 8, shape, generator=g)].to(dtype)
     else:
-        x = _dyadic(g, *shape, dtype=dtype)
+        x = dyadic(g, *shape, dtype=dtype)
     if op in ("max", "min"):
         exclusive = False
     elif exclusive is None:
@@ -636,11 +628,11 @@ CUMULATIVE = FunctionFamily(
 
 def _search(g, *, right=None, hits=False, repeats=False, outside=False, one=False, dtype=torch.float32):
     r, m, k = randint(g, 1, 3), (1 if one else randint(g, 2, 6)), randint(g, 2, 6)
-    seq = _dyadic(g, r, m, dtype=dtype)
+    seq = dyadic(g, r, m, dtype=dtype)
     if repeats and m > 1:
         seq[:, 1] = seq[:, 0]
     seq = seq.sort(1).values
-    vals = _dyadic(g, r, k, lim=9, dtype=dtype)
+    vals = dyadic(g, r, k, lim=9, dtype=dtype)
     if hits:
         vals[:, 0] = seq[:, randint(g, 0, m - 1)]
         vals[:, -1] = seq[:, 0]

@@ -5,13 +5,8 @@ as a tuple). Each family's comment says whether torch computes its contract whol
 
 import torch
 
-from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
 from ptenv.tasks.functions import Case, FunctionFamily
-
-
-def _dyadic(g, *shape, lim: int = 8, den: int = 4, dtype=torch.float32):
-    """Values k/den with k in [-lim, lim]: exact in float32, so sums of products stay exact."""
-    return (torch.randint(-lim, lim + 1, shape, generator=g).to(torch.float64) / den).to(dtype)
 
 
 # --- cross_entropy with label smoothing ---------------------------------------------------------
@@ -592,9 +587,9 @@ def _convt(g, *, groups=None, out_pad=False, dilated=False, bias=None, dtype=tor
     p = randint(g, 0, min(1, d * (k - 1)))
     op = randint(g, 1, max(s, d) - 1) if out_pad else 0
     bias = bool(randint(g, 0, 1)) if bias is None else bias
-    return {"x": _dyadic(g, randint(g, 1, 2), cin, length, dtype=dtype),
-            "weight": _dyadic(g, cin, cout_g, k, dtype=dtype),
-            "bias": _dyadic(g, cout_g * groups, dtype=dtype) if bias else None,
+    return {"x": dyadic(g, randint(g, 1, 2), cin, length, dtype=dtype),
+            "weight": dyadic(g, cin, cout_g, k, dtype=dtype),
+            "bias": dyadic(g, cout_g * groups, dtype=dtype) if bias else None,
             "stride": s, "padding": p, "output_padding": op, "dilation": d, "groups": groups}
 
 
