@@ -274,16 +274,11 @@ class Supervisor:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         on_model_side, on_model_side_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(self.channel.detach())
-                os.close(control.detach())
-                self.enter_model_side(SCRATCH)
-                close_fds_except({child_end.fileno(), out_w, err_w})  # closing on_model_side_w says so
-                Interpreter(child_end, out_w, err_w, self.inputs, self.limits.output_bytes).serve()
-            finally:
-                os._exit(INTERPRETER_BROKEN)  # a cell broke the interpreter's own code (e.g. patched builtins)
+        # Closing on_model_side_w (it is not kept) says the child runs as the model. Exiting with
+        # INTERPRETER_BROKEN says a cell broke the interpreter's own code (e.g. patched builtins).
+        pid = self.fork_model_process(
+            control, {child_end.fileno(), out_w, err_w}, INTERPRETER_BROKEN,
+            lambda: Interpreter(child_end, out_w, err_w, self.inputs, self.limits.output_bytes).serve())
         child_end.close()
         os.close(out_w)
         os.close(err_w)
@@ -297,6 +292,22 @@ class Supervisor:
         self.interpreter = {
             "pid": pid, "status": None, "control": control, "out": out_r, "err": err_r, "pidfd": os.pidfd_open(pid)
         }
+
+    def fork_model_process(self, control: socket.socket, keep: set[int], exit_code: int, run) -> int:
+        """Fork a child of the model's (the interpreter, a judge): it drops our ends of the host's
+        channel and of its own, enters the model's side with only `keep` open, runs `run` and
+        exits with `exit_code`. Returns its pid."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(self.channel.detach())
+                os.close(control.detach())
+                self.enter_model_side(SCRATCH)
+                close_fds_except(keep)
+                run()
+            finally:
+                os._exit(exit_code)
+        return pid
 
     def enter_model_side(self, cwd: str) -> None:
         """In a child, before it runs anything of the model's: the model's cgroup and uid, its limits."""
@@ -482,10 +493,9 @@ class Supervisor:
         self.end_session()
         reports, process, load, protected = [], None, None, True
         for case in cases:
-            if reports and reports[-1]["status"] == "timeout" or reports and reports[-1].get("skipped"):
+            if reports and reports[-1]["status"] == "timeout":
                 # One time-out ends the phase: a hung answer costs one call's limit, not N of them.
-                reports.append({"status": "timeout", "reason": "not run: an earlier case ran past its limit",
-                                "skipped": True})
+                reports.append({"status": "timeout", "reason": "not run: an earlier case ran past its limit"})
                 continue
             if process is None:
                 process, load, protected = self.start_judge(source, name, limit)
@@ -496,8 +506,6 @@ class Supervisor:
             if report["status"] in ("timeout", "died"):
                 self.stop_judge(process)
                 process = None
-        for report in reports:
-            report.pop("skipped", None)
         if process is not None:
             self.stop_judge(process)
         self.start_interpreter()  # a fresh session, so the sandbox still answers as before
@@ -507,20 +515,15 @@ class Supervisor:
         """Fork a judge from this process (torch imported, not the model's session); wait for it to
         load the answer: (judge, why it could not or None, whether it could not start processes)."""
         control, child_end = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(self.channel.detach())
-                os.close(control.detach())
-                self.enter_model_side(SCRATCH)
-                close_fds_except({child_end.fileno()})
-                devnull = os.open("/dev/null", os.O_RDWR)
-                for fd in (0, 1, 2):
-                    os.dup2(devnull, fd)
-                os.setpgid(0, 0)
-                judge.serve(child_end, self.inputs, source, name)
-            finally:
-                os._exit(0)
+
+        def run() -> None:
+            devnull = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.setpgid(0, 0)
+            judge.serve(child_end, self.inputs, source, name)
+
+        pid = self.fork_model_process(control, {child_end.fileno()}, 0, run)
         child_end.close()
         s = {"pid": pid, "status": None, "control": control, "pidfd": os.pidfd_open(pid)}
         self.judges[pid] = s
