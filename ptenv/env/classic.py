@@ -7,13 +7,14 @@ import verifiers as vf
 from datasets import Dataset
 from verifiers.envs.sandbox_env import SandboxEnv
 
+from ptenv.env import grading
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host import answer, rollout, tool_input, transports
 from ptenv.inside.protocol import model_text
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 from ptenv.tasks import functions
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
-from ptenv.tasks.tiers import check_num_eval_examples, find_family
+from ptenv.tasks.tiers import check_num_eval_examples
 from ptenv.env.versions import versions
 
 
@@ -84,24 +85,14 @@ class PyTorchEnv(SandboxEnv):
         if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
             outcome = rollout.harness_failure(f"the rollout failed: {rollout.error_chain(state['error'])}")
         else:
-            outcome = await self.grade(self.tasks[state["info"]["task_id"]], state)
+            final = answer.final_message(state["completion"])
+            outcome = await grading.grade(self.tasks[state["info"]["task_id"]], self.transport, state["sandbox_id"],
+                                          final, self.hidden, self.partial_credit)
             if outcome.scoring_error is not None:
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
                 state["error"] = vf.SandboxError(outcome.scoring_error)
         state.update(outcome.as_state())
         state["info"].update(outcome.as_state())  # info is in every saved sample: the report reads it there
-
-    async def grade(self, task, state: vf.State) -> rollout.Outcome:
-        call, sandbox_id = self.transport.call, state["sandbox_id"]
-        if task.kind == "result":
-            return await rollout.score(call, sandbox_id, task.expected, self.transport.command_timeout)
-        try:
-            cases = self.hidden.of(find_family(task.family)[1], task.seed)
-        except Exception as e:  # a family that cannot draw its cases is the harness's failure
-            return rollout.harness_failure(f"drawing the hidden cases failed: {rollout.one_line(e)}")
-        source = answer.function_source(answer.final_message(state["completion"]), task.function)
-        return await rollout.score_function(call, sandbox_id, source, task.function, cases, self.transport.limits,
-                                            self.partial_credit)
 
     @vf.teardown
     async def teardown_sandboxes(self):

@@ -19,15 +19,15 @@ import secrets
 import verifiers.v1 as vf
 from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
 
-from ptenv.host import answer, rollout
+from ptenv.host import rollout
 from ptenv.inside import codec
 from ptenv.tasks.rows import TaskRow, parse_row
+from ptenv.env import grading
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host import transports
 from ptenv.tasks import functions
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
-from ptenv.tasks.tiers import find_family
 from ptenv.env.v1_relay import SandboxRelay
 from ptenv.env.v1_tools import PyTorchState, PyTorchTools, PyTorchToolsConfig
 from ptenv.env.versions import versions
@@ -126,15 +126,9 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
 
     async def finalize(self, trace: vf.Trace, runtime) -> None:
         transport, _ = sandboxes()
-        row = self.row()
-        if row.kind == "result":
-            outcome = await rollout.score(transport.call, trace.state.sandbox_id, row.expected, transport.command_timeout)
-        else:
-            grading = self.data.grading
-            cases = hidden_cases(grading["hidden_cases"]).of(find_family(row.family)[1], row.seed)
-            source = answer.function_source(trace.last_reply, row.function)
-            outcome = await rollout.score_function(transport.call, trace.state.sandbox_id, source, row.function, cases,
-                                                   transport.limits, grading["partial_credit"])
+        settings = self.data.grading
+        outcome = await grading.grade(self.row(), transport, trace.state.sandbox_id, trace.last_reply,
+                                      hidden_cases(settings["hidden_cases"]), settings["partial_credit"])
         trace.info.update(outcome.as_state())
         if outcome.scoring_error is not None:
             raise vf.SandboxError(outcome.scoring_error)
