@@ -54,7 +54,7 @@ async def main(rounds: int) -> None:
             host, sandbox, wall = [], [], []
             for _ in range(rounds):
                 h0, s0, w0 = own_cpu(), sandbox_cpu(box.supervisor[0]), time.perf_counter()
-                outcome = await rollout.score_function(client.call, box.id, family.reference, family.name, cases,
+                outcome = await rollout.score_function(client.call, box.id, family.reference, family.name, cases, None,
                                                        limits, False)
                 host.append(own_cpu() - h0)
                 sandbox.append(sandbox_cpu(box.supervisor[0]) - s0)

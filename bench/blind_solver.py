@@ -69,9 +69,10 @@ async def run(task: dict, code: str, grade: bool):
         sandbox = await client.create(REQUEST)
         await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT, client.limits)
         if row.kind == "function" and grade:
-            cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(find_family(row.family)[1], row.seed)
-            outcome = await rollout.score_function(client.call, sandbox.id, code, row.function, cases, client.limits,
-                                                   partial_credit=False)
+            family = find_family(row.family)[1]
+            cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(family, row.seed)
+            outcome = await rollout.score_function(client.call, sandbox.id, code, row.function, cases,
+                                                   family.ban(row.level), client.limits, partial_credit=False)
             return "", outcome
         reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT, client.limits)
         outcome = await rollout.score(client.call, sandbox.id, row.expected, TIMEOUT) if grade else None

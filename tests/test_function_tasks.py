@@ -103,11 +103,11 @@ def test_the_verdict_names_the_first_failing_case_and_counts_the_passes():
 CASES = HiddenCases("test-secret", 8)
 
 
-async def hidden_phase(box, family, source, partial_credit=False):
+async def hidden_phase(box, family, source, partial_credit=False, level=1):
     instance = family.instance("intermediate", 3)
     await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
     return await rollout.score_function(box.client.call, box.id, source, family.name, CASES.of(family, 3),
-                                        box.client.limits, partial_credit)
+                                        family.ban(level), box.client.limits, partial_credit)
 
 
 @pytest.mark.slow
@@ -211,7 +211,7 @@ async def test_nothing_the_model_leaves_running_sees_the_hidden_inputs(box):
     session = int(reply.stdout.split()[-1])
     cases = CASES.of(SEGMENT_MEAN, 3)
     outcome = await rollout.score_function(box.client.call, box.id, SEGMENT_MEAN.reference, SEGMENT_MEAN.name, cases,
-                                           box.client.limits, False)
+                                           None, box.client.limits, False)
     assert outcome.verdict.score == 1.0
     gone = await box.cell(f"import os\ntry:\n    os.kill({session}, 0)\n    print('alive')\nexcept ProcessLookupError:\n"
                           f"    print('gone')\nprint(os.path.getsize('/tmp/dump'))")

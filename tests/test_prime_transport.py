@@ -204,7 +204,7 @@ def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_sessi
             await transport.wait_ready(sandbox.id)
             await preload(transport.call, sandbox.id, family.instance("t", 1).inputs(), transport.command_timeout,
                           transport.limits)
-            outcomes = [await score_function(transport.call, sandbox.id, source, family.name, cases, transport.limits,
+            outcomes = [await score_function(transport.call, sandbox.id, source, family.name, cases, None, transport.limits,
                                              False) for source in (family.reference, forking)]
             return outcomes, sandbox.id
         finally:

@@ -13,10 +13,11 @@ async def grade(row: TaskRow, transport: Transport, sandbox_id: str, final_messa
     """Never raises: a harness failure is an Outcome with a scoring_error."""
     if row.kind == "result":
         return await rollout.score(transport.call, sandbox_id, row.expected, transport.command_timeout)
+    family = find_family(row.family)[1]
     try:
-        cases = hidden.of(find_family(row.family)[1], row.seed)
+        cases = hidden.of(family, row.seed)
     except Exception as e:  # a family that cannot draw its cases is the harness's failure
         return rollout.harness_failure(f"drawing the hidden cases failed: {rollout.one_line(e)}")
     source = answer.function_source(final_message, row.function)
-    return await rollout.score_function(transport.call, sandbox_id, source, row.function, cases, transport.limits,
-                                        partial_credit)
+    return await rollout.score_function(transport.call, sandbox_id, source, row.function, cases, family.ban(row.level),
+                                        transport.limits, partial_credit)

@@ -3,7 +3,7 @@ hidden cases' arguments; never their expected outputs), a strict parser of its r
 verdict over the cases.
 
     hidden {"source", "name", "cases": JSON text of [{param: {"tensor": encoded} | {"value": v}}],
-            "call_limit": seconds per call}
+            "call_limit": seconds per call, "ban": JSON text of {"ops": [aten op], "autograd": bool} or null}
 
 The reply's outputs are the model's: one that does not decode is that case's failure. A reply that
 does not follow the protocol is the supervisor's, a harness error.
@@ -30,10 +30,11 @@ class CaseResult:
     reason: str
 
 
-def fields(source: str, name: str, cases: list[dict], call_limit: float = CALL_LIMIT) -> dict:
+def fields(source: str, name: str, cases: list[dict], ban: dict | None, call_limit: float = CALL_LIMIT) -> dict:
     encoded = [{k: {"tensor": codec.encode(v)} if isinstance(v, torch.Tensor) else {"value": v} for k, v in args.items()}
                for args in cases]
-    return {"source": source, "name": name, "cases": json.dumps(encoded), "call_limit": call_limit}
+    return {"source": source, "name": name, "cases": json.dumps(encoded), "call_limit": call_limit,
+            "ban": json.dumps(ban)}
 
 
 def parse_reply(doc, n: int) -> tuple[list[CaseResult], bool]:

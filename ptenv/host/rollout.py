@@ -59,10 +59,10 @@ async def score(call, sandbox_id: str, expected: torch.Tensor, timeout: float) -
     return Outcome(grade(answer, expected), None)
 
 
-async def score_function(call, sandbox_id: str, source: str | None, name: str, cases: list, limits: Limits,
-                         partial_credit: bool) -> Outcome:
+async def score_function(call, sandbox_id: str, source: str | None, name: str, cases: list, ban: dict | None,
+                         limits: Limits, partial_credit: bool) -> Outcome:
     """Run the answer's function on the hidden cases [(class, arguments, reference outputs)] in the
-    sandbox and grade each on the host. Never raises."""
+    sandbox, under the ban if any, and grade each on the host. Never raises."""
     if source is None:
         reason = f"no ```python block defining `{name}` in the final message"
         return Outcome(Verdict(0.0, "no_result", False, False, False, False, reason), None, 0.0)
@@ -71,7 +71,8 @@ async def score_function(call, sandbox_id: str, source: str | None, name: str, c
         return Outcome(Verdict(0.0, "invalid_result", True, False, False, False, reason), None, 0.0)
     timeout = limits.cell_timeout + len(cases) * (hidden.CALL_LIMIT + limits.grace) + limits.grace
     try:
-        doc = await call(sandbox_id, "hidden", hidden.fields(source, name, [args for _, args, _ in cases]), timeout)
+        doc = await call(sandbox_id, "hidden", hidden.fields(source, name, [args for _, args, _ in cases], ban),
+                         timeout)
     except Exception as e:
         return harness_failure(f"the hidden phase failed: {type(e).__name__}: {one_line(e)}")
     try:

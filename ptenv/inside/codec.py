@@ -7,7 +7,6 @@ and never pickle. This file is also mounted into the sandbox, so it imports only
 
 import base64
 import binascii
-import ctypes
 import sys
 
 import torch
@@ -50,10 +49,12 @@ def encode(tensor: torch.Tensor) -> dict:
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes > MAX_BYTES:
         raise CodecError(f"tensor of {nbytes} bytes is over the {MAX_BYTES}-byte cap")
-    # A fresh contiguous clone owns exactly numel * itemsize bytes at data_ptr (no offset, no stride
-    # tricks), so one memcpy reads them; bytes(untyped_storage()) goes element by element (7 s for 1M).
-    plain = tensor.detach().clone(memory_format=torch.contiguous_format)
-    raw = ctypes.string_at(plain.data_ptr(), nbytes)
+    # One copy of the bytes into a buffer we own (bytes(untyped_storage()) goes element by element:
+    # 7 s for 1M), without ctypes, which a function task's ban removes from the judge.
+    raw = bytearray(nbytes)
+    if nbytes:
+        flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
+        torch.frombuffer(raw, dtype=torch.uint8).copy_(flat)
     return {
         "dtype": DTYPE_NAMES[tensor.dtype],
         "shape": list(tensor.shape),

@@ -7,7 +7,7 @@ It is the model's. The answer runs in this process and may patch anything here, 
 reads every reply as the model's answer (bounded, checked, its time limit enforced from outside by
 a kill), and the host decodes and grades the outputs itself. Before the answer runs, a seccomp
 filter refuses new processes and programs: the one process the supervisor started is the only one
-that can answer.
+that can answer. At a family's hardest level the ban (ban.py) is installed first.
 """
 
 import ctypes
@@ -17,6 +17,7 @@ import traceback
 
 import torch
 
+from ptenv.inside import ban as op_ban
 from ptenv.inside import codec, seccomp
 from ptenv.inside.protocol import MAX_HIDDEN_OUTPUTS, one_line, recv_frame, send_frame
 from ptenv.inside.namespace import new_namespace
@@ -25,25 +26,43 @@ from ptenv.inside.syscalls import libc
 PR_SET_NO_NEW_PRIVS = 38
 
 
-def refuse_new_processes() -> bool:
-    """Deny fork, vfork, clone without CLONE_THREAD, and exec, to this process from now on; False
-    where seccomp cannot be had (the supervisor then says the ban ran with less protection)."""
+def refuse_new_processes(rules: dict) -> bool:
+    """Deny fork, vfork, clone without CLONE_THREAD, and exec (and under a ban, what BAN_RULES
+    deny), to this process from now on; False where seccomp cannot be had (the supervisor then
+    says the phase ran with less protection)."""
     try:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             return False
-        seccomp.install(seccomp.JUDGE_RULES)
+        seccomp.install(rules)
         return True
     except (OSError, AttributeError, ctypes.ArgumentError):
         return False
 
 
-def serve(control, inputs: str, source: str, name: str) -> None:
-    """Load the answer, say whether it defines `name`, then answer one call per request until the
-    channel closes. Every reference used after the answer runs is taken before it does."""
+def prepare(ban: dict | None) -> bool:
+    """Before the answer runs: the ban, if any, then the filter, then the ban's native traps (the
+    filter's installation is the harness's last foreign call). Whether the filter holds."""
+    if ban is None:
+        return refuse_new_processes(seccomp.JUDGE_RULES)
+    with open("/proc/self/mem", "r+b", buffering=0) as memory:
+        op_ban.remove(tuple(ban["ops"]), ban["autograd"])
+        protected = refuse_new_processes({**seccomp.JUDGE_RULES, **seccomp.BAN_RULES})
+        op_ban.seal(memory, ban["autograd"])
+    return protected
+
+
+def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> None:
+    """Install the ban, load the answer, say whether it defines `name`, then answer one call per
+    request until the channel closes. Every reference used after the answer runs is taken before
+    it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
     recv, send, decode, encode, Tensor = recv_frame, send_frame, codec.decode, codec.encode, torch.Tensor
     tuple_, type_ = tuple, type
-    protected = refuse_new_processes()
+    try:
+        protected = prepare(ban)
+    except Exception as e:  # before the answer ran: the harness's failure
+        send(control, dumps({"status": "ban_failed", "reason": describe(e)}).encode())
+        return
     try:
         examples = {k: decode(v) for k, v in loads(inputs).items()}
         namespace = new_namespace(examples)

@@ -35,6 +35,7 @@ ARCHES = {
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
+        "mmap": 9, "shmat": 30, "open": 2, "openat": 257, "openat2": 437, "rt_sigaction": 13,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -51,6 +52,7 @@ ARCHES = {
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
         "execve": 221, "execveat": 281,
+        "mmap": 222, "shmat": 196, "openat": 56, "openat2": 437, "rt_sigaction": 134,
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
@@ -68,7 +70,7 @@ DENIED = (
     "inotify_init", "inotify_init1", "fanotify_init",
 )
 # Calls of DENIED that a machine does not have at all (nothing to deny there).
-ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib", "inotify_init", "fork", "vfork"}}
+ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib", "inotify_init", "fork", "vfork", "open"}}
 # clone() flags that make a namespace; clone3 passes its flags in memory, which a filter cannot
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
@@ -79,6 +81,16 @@ CLONE_THREAD = 0x00010000
 # still start (clone with CLONE_THREAD; clone3 already answers ENOSYS).
 JUDGE_RULES = {"fork": EPERM, "vfork": EPERM, "execve": EPERM, "execveat": EPERM,
                "clone": ((0, SOME_OF, CLONE_THREAD),)}
+# A judge under a ban (ban.py), on top: no new executable memory (so no native library loads and no
+# code written at run time), no file opened for writing (so no /proc/self/mem to undo the ban's
+# traps), and no handler for the traps' signals (so a trap ends the judge with the ban's reason).
+# openat2 passes its flags in memory: ENOSYS, and the C library uses openat.
+PROT_EXEC, SHM_EXEC = 0x4, 0o100000
+WRITE_FLAGS = 0o1 | 0o2  # O_WRONLY | O_RDWR
+SIGILL, SIGTRAP = 4, 5
+BAN_RULES = {"mmap": ((2, NONE_OF, PROT_EXEC),), "shmat": ((2, NONE_OF, SHM_EXEC),),
+             "open": ((1, NONE_OF, WRITE_FLAGS),), "openat": ((2, NONE_OF, WRITE_FLAGS),), "openat2": ENOSYS,
+             "rt_sigaction": ((0, NOT, SIGILL), (0, NOT, SIGTRAP))}
 PRIO_USER, IOPRIO_WHO_USER = 2, 3
 SUPERVISOR_PID = 1
 MODEL_RULES = {

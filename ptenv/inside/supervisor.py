@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 
+from ptenv.inside import ban as op_ban
 from ptenv.inside import cgroups, judge
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
@@ -191,7 +192,7 @@ def invalid(reason: str) -> dict:
 
 # Each request's fields besides id, op and timeout.
 REQUESTS = {"sh": ("command", "cwd"), "exec": ("code",), "preload": ("inputs",), "result": (),
-            "hidden": ("source", "name", "cases", "call_limit")}
+            "hidden": ("source", "name", "cases", "call_limit", "ban")}
 
 
 class Supervisor:
@@ -258,8 +259,8 @@ class Supervisor:
         if op == "preload":
             return [json.dumps({"cell": self.preload(request["inputs"], limit)}).encode()]
         if op == "hidden":
-            cases = json.loads(request["cases"])
-            report = self.hidden(request["source"], request["name"], cases, float(request["call_limit"]), limit)
+            cases, ban = json.loads(request["cases"]), json.loads(request["ban"])
+            report = self.hidden(request["source"], request["name"], cases, float(request["call_limit"]), ban, limit)
             return [json.dumps({"hidden": report}).encode()]
         doc, data = self.read_result(limit)
         if not data:
@@ -483,12 +484,12 @@ class Supervisor:
 
     # -- a function task's hidden phase
 
-    def hidden(self, source: str, name: str, cases: list, call_limit: float, limit: float) -> dict:
-        """Run the answer's function on each hidden case in a judge (judge.py), each call within
-        `call_limit`: {"load": why the answer could not be loaded or None, "protected": whether the
-        judge could not start processes, "cases": one report per case}. A judge that times out, dies
-        or answers out of protocol is killed, that case is the model's failure, and a fresh judge
-        takes the next case."""
+    def hidden(self, source: str, name: str, cases: list, call_limit: float, ban: dict | None, limit: float) -> dict:
+        """Run the answer's function on each hidden case in a judge (judge.py), under the ban if
+        any ({"ops", "autograd"}, ban.py), each call within `call_limit`: {"load": why the answer
+        could not be loaded or None, "protected": whether the judge could not start processes,
+        "cases": one report per case}. A judge that times out, dies or answers out of protocol is
+        killed, that case is the model's failure, and a fresh judge takes the next case."""
         # Nothing the model left running may watch or touch the judges: the session is over.
         self.end_session()
         reports, process, load, protected = [], None, None, True
@@ -498,10 +499,10 @@ class Supervisor:
                 reports.append({"status": "timeout", "reason": "not run: an earlier case ran past its limit"})
                 continue
             if process is None:
-                process, load, protected = self.start_judge(source, name, limit)
+                process, load, protected = self.start_judge(source, name, ban, limit)
                 if load is not None:
                     break
-            report = self.judge_call(process, case, call_limit)
+            report = self.judge_call(process, case, call_limit, ban is not None)
             reports.append(report)
             if report["status"] in ("timeout", "died"):
                 self.stop_judge(process)
@@ -511,7 +512,7 @@ class Supervisor:
         self.start_interpreter()  # a fresh session, so the sandbox still answers as before
         return {"load": load, "protected": protected, "cases": reports}
 
-    def start_judge(self, source: str, name: str, limit: float) -> tuple[dict | None, str | None, bool]:
+    def start_judge(self, source: str, name: str, ban: dict | None, limit: float) -> tuple[dict | None, str | None, bool]:
         """Fork a judge from this process (torch imported, not the model's session); wait for it to
         load the answer: (judge, why it could not or None, whether it could not start processes)."""
         control, child_end = socket.socketpair()
@@ -521,7 +522,7 @@ class Supervisor:
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             os.setpgid(0, 0)
-            judge.serve(child_end, self.inputs, source, name)
+            judge.serve(child_end, self.inputs, source, name, ban)
 
         pid = self.fork_model_process(control, {child_end.fileno()}, 0, run)
         child_end.close()
@@ -531,6 +532,9 @@ class Supervisor:
         ready = bounded_loads(frame) if frame is not None else None
         if isinstance(ready, dict) and ready.get("status") == "ready":
             return s, None, ready.get("protected") is True
+        if isinstance(ready, dict) and ready.get("status") == "ban_failed":  # before the answer ran
+            self.stop_judge(s)
+            raise RuntimeError(f"the ban could not be installed: {ready.get('reason')}")
         if isinstance(ready, dict) and ready.get("status") == "error" and isinstance(ready.get("reason"), str):
             why = ready["reason"]
         else:
@@ -539,12 +543,15 @@ class Supervisor:
         self.stop_judge(s)
         return None, model_text(one_line(why, 300)), True  # no case ran: nothing was less protected
 
-    def judge_call(self, s: dict, case: dict, call_limit: float) -> dict:
+    def judge_call(self, s: dict, case: dict, call_limit: float, banned: bool) -> dict:
         """One hidden call's report: ok with the outputs, or error, invalid, timeout or died with a reason."""
         frame, failure = self.ask(s, case, call_limit, SKELETON_CAP, None)
         if frame is None:
             if failure is None:
                 return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
+            trap = os.waitstatus_to_exitcode(s["status"]) if banned and s["status"] is not None else 0
+            if -trap in op_ban.TRAPS:
+                return {"status": "died", "reason": f"banned: the function {op_ban.TRAPS[-trap]}"}
             return {"status": "died", "reason": model_text(one_line(failure, 200))}
         head = bounded_loads(frame)
         status = head.get("status") if isinstance(head, dict) else None

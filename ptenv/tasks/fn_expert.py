@@ -313,6 +313,7 @@ GRID_SAMPLE = FunctionFamily(
     },
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
+    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback"),
 )
 
 
@@ -384,6 +385,8 @@ LAYER_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
+    banned=("native_layer_norm_backward",),
+    own_gradient=True,
 )
 
 

@@ -15,7 +15,9 @@ plausible wrong implementation the family lists fails at least one case, while e
 implementation it lists passes them all; otherwise it is redrawn.
 
 Levels: 1 lists the hidden-case classes under the contract and gives the family's hint (the
-torch functions that help); 2 gives the contract alone, which still states every class.
+torch functions that help, the op itself included); 2 gives the contract alone, which still states
+every class, and runs the hidden calls under the family's ban (ptenv/inside/ban.py): the torch ops
+that compute the contract whole are removed, and for a backward, automatic differentiation too.
 """
 
 import hashlib
@@ -65,6 +67,16 @@ class FunctionFamily:
     also_correct: dict[str, str] = field(default_factory=dict)
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
+    # The aten ops (overload packets) that compute the contract whole, closed under siblings
+    # (tests/test_ban.py searches every aten op): removed in the hidden phase at the hardest level.
+    banned: tuple[str, ...] = ()
+    own_gradient: bool = False  # a backward whose hardest level removes automatic differentiation
+
+    def ban(self, level: int) -> dict | None:
+        """What the hidden phase removes at this level, as the `hidden` request carries it."""
+        if level != LEVELS[-1] or not (self.banned or self.own_gradient):
+            return None
+        return {"ops": list(self.banned), "autograd": not self.own_gradient}
 
     @property
     def signature(self) -> str:
@@ -116,6 +128,13 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
                   + "; ".join(c.name for c in f.cases) + "."]
         if f.hint:
             parts += [f"Hint: {f.hint}"]
+    ban = f.ban(level)
+    if ban:
+        removed = [f"`torch.ops.aten.{op}`" for op in ban["ops"]] + ([] if ban["autograd"] else [
+            "automatic differentiation (`torch.autograd`, `Tensor.backward`, `torch.func`, forward mode)"])
+        parts += ["", "On the hidden inputs these are removed, in every form (functional, method, module, "
+                  "native): " + ", ".join(removed) + "; so are torch's Python decompositions, and calls through "
+                  "ctypes. Compute the result from other operations."]
     parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
               f"Example call: `{f.name}({shown})`.", "",
               f"Your answer is the last ```python code block in your final message that defines `{f.name}`. "
