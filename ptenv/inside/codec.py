@@ -53,8 +53,7 @@ def encode(tensor: torch.Tensor) -> dict:
     # 7 s for 1M), without ctypes, which a function task's ban removes from the judge.
     raw = bytearray(nbytes)
     if nbytes:
-        flat = tensor.detach().reshape(-1).contiguous().view(torch.uint8)
-        torch.frombuffer(raw, dtype=torch.uint8).copy_(flat)
+        torch.frombuffer(raw, dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))
     return {
         "dtype": DTYPE_NAMES[tensor.dtype],
         "shape": list(tensor.shape),
