@@ -23,6 +23,7 @@ from ptenv.host import prime, transports
 from ptenv.host.rollout import preload, run_cell, score_function
 from ptenv.inside import supervisor
 from ptenv.inside.protocol import Limits
+from ptenv.tasks.fn_expert import LAYER_NORM_BACKWARD
 from ptenv.tasks.fn_intermediate import SEGMENT_MEAN
 from ptenv.tasks.functions import HiddenCases
 
@@ -191,11 +192,15 @@ def test_in_the_container_the_model_runs_as_its_own_uid_and_cannot_touch_the_ses
 def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_session(service):
     """The `hidden` request is one more `ptenv-session` command: the container's supervisor forks a
     judge with new processes refused, and the host grades the outputs (the reference passes, a
-    forking answer fails that case as the model's, never as a harness error)."""
+    forking answer fails that case as the model's, never as a harness error); at a backward
+    family's hardest level the ban goes with the request and holds there too."""
     transport = transports.prime(Limits(cell_timeout=10))
     family = SEGMENT_MEAN
     cases = HiddenCases("prime", 4).of(family, 1)
     forking = "import os\ndef segment_mean(x, seg, num_segments):\n    os.fork()\n    return x\n"
+    backward = LAYER_NORM_BACKWARD
+    backward_cases = HiddenCases("prime", 2).of(backward, 1)
+    by_autograd = backward.also_correct["autograd_over_layer_norm"]
 
     async def play():
         sandbox = await transport.client.create(transport.request)
@@ -206,19 +211,23 @@ def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_sessi
                           transport.limits)
             outcomes = [await score_function(transport.call, sandbox.id, source, family.name, cases, None, transport.limits,
                                              False) for source in (family.reference, forking)]
+            outcomes.append(await score_function(transport.call, sandbox.id, by_autograd, backward.name, backward_cases,
+                                                 backward.ban(2), transport.limits, False))
             return outcomes, sandbox.id
         finally:
             await transport.client.delete(sandbox.id)
 
-    (right, wrong), sandbox_id = asyncio.run(play())
+    (right, wrong, banned), sandbox_id = asyncio.run(play())
     assert (right.verdict.score, right.scoring_error, right.verdict.reason) == (1.0, None, "all 4 hidden cases pass")
     assert (wrong.verdict.score, wrong.scoring_error, wrong.verdict.kind) == (0.0, None, "error")
     assert "PermissionError" in wrong.verdict.reason
     commands = [c[2] for c in service.calls if c[0] == "execute_command" and c[1] == sandbox_id]
     hidden = [json.loads(base64.b64decode(c.split()[2])) for c in commands if c.startswith("ptenv-session hidden ")]
-    assert [h["source"] for h in hidden] == [family.reference, forking]
-    assert all(set(h) == {"source", "name", "cases", "call_limit", "timeout"} and h["name"] == "segment_mean"
-               for h in hidden)
+    assert (banned.verdict.score, banned.scoring_error) == (0.0, None)
+    assert "banned: the function ran torch's autograd engine" in banned.verdict.reason
+    assert [h["source"] for h in hidden] == [family.reference, forking, by_autograd]
+    assert all(set(h) == {"source", "name", "cases", "call_limit", "ban", "timeout"} for h in hidden)
+    assert [json.loads(h["ban"]) for h in hidden] == [None, None, {"ops": ["native_layer_norm_backward"], "autograd": False}]
     sent = json.loads(hidden[0]["cases"])
     assert len(sent) == 4 and all(set(case) == set(family.params) for case in sent)
     assert "expected" not in hidden[0]["cases"]  # the arguments only: reference outputs stay on the host
