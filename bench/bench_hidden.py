@@ -3,11 +3,12 @@
     .venv/bin/python bench/bench_hidden.py [--rounds 3]
 
 For every function family: one sandbox with the example preloaded, then the reference answer's
-hidden phase (ptenv.host.rollout.score_function) `rounds` times. CPU is counted where it is spent:
+hidden phase (ptenv.host.rollout.score_function) `rounds` times; for a family with a ban, also its
+hardest level's hidden phase, ban on, with its honest implementation (`by_hand`, or the reference). CPU is counted where it is spent:
 the host process (encoding the cases, parsing the reply, grading) and the sandbox (its supervisor
 and every judge it forked and reaped: utime + stime + cutime + cstime of the supervisor). The
 one-time drawing of each task's cases (gated, cached per environment) is printed apart.
-Target (issue 23): at most 100 ms of machine CPU per rollout at the default N.
+Target (issues 23, 26): at most 100 ms of machine CPU per rollout at the default N, ban on or off.
 """
 
 import argparse
@@ -21,7 +22,7 @@ from pathlib import Path
 from ptenv.host import rollout
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
-from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, LEVELS, HiddenCases
 from ptenv.tasks.tiers import FUNCTION_TIERS
 from tests.support.sandbox import new_box
 
@@ -51,26 +52,32 @@ async def main(rounds: int) -> None:
             draw_ms = (time.perf_counter() - start) * 1e3
             box = await new_box(client)
             await rollout.preload(client.call, box.id, family.instance("bench", 0).inputs(), 60, limits)
-            host, sandbox, wall = [], [], []
-            for _ in range(rounds):
-                h0, s0, w0 = own_cpu(), sandbox_cpu(box.supervisor[0]), time.perf_counter()
-                outcome = await rollout.score_function(client.call, box.id, family.reference, family.name, cases, None,
-                                                       limits, False)
-                host.append(own_cpu() - h0)
-                sandbox.append(sandbox_cpu(box.supervisor[0]) - s0)
-                wall.append(time.perf_counter() - w0)
-                assert outcome.verdict.score == 1.0, (family.id, outcome.verdict.reason)
+            runs = [("", family.reference, None)]
+            if family.ban(LEVELS[-1]):
+                runs.append(("ban", family.also_correct.get("by_hand", family.reference), family.ban(LEVELS[-1])))
+            for label, source, ban in runs:
+                host, sandbox, wall = [], [], []
+                for _ in range(rounds):
+                    h0, s0, w0 = own_cpu(), sandbox_cpu(box.supervisor[0]), time.perf_counter()
+                    outcome = await rollout.score_function(client.call, box.id, source, family.name, cases, ban,
+                                                           limits, False)
+                    host.append(own_cpu() - h0)
+                    sandbox.append(sandbox_cpu(box.supervisor[0]) - s0)
+                    wall.append(time.perf_counter() - w0)
+                    assert outcome.verdict.score == 1.0, (family.id, label, outcome.verdict.reason)
+                rows.append((family.id, label, draw_ms, statistics.median(host) * 1e3,
+                             statistics.median(sandbox) * 1e3, statistics.median(wall) * 1e3))
             await client.delete(box.id)
-            rows.append((family.id, draw_ms, statistics.median(host) * 1e3, statistics.median(sandbox) * 1e3,
-                         statistics.median(wall) * 1e3))
     finally:
         client.teardown()
-    print(f"{'family':45s} {'draw ms':>8s} {'host ms':>8s} {'sandbox ms':>10s} {'total ms':>9s} {'wall ms':>8s}")
-    for family_id, draw, host, sandbox, wall in rows:
-        print(f"{family_id:45s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {host + sandbox:9.1f} {wall:8.1f}")
-    totals = [host + sandbox for _, _, host, sandbox, _ in rows]
-    print(f"\nmachine CPU per rollout (N={DEFAULT_HIDDEN_CASES}): median {statistics.median(totals):.1f} ms, "
-          f"max {max(totals):.1f} ms over {len(rows)} families; target <= 100 ms")
+    print(f"{'family':45s} {'':3s} {'draw ms':>8s} {'host ms':>8s} {'sandbox ms':>10s} {'total ms':>9s} {'wall ms':>8s}")
+    for family_id, label, draw, host, sandbox, wall in rows:
+        print(f"{family_id:45s} {label:3s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {host + sandbox:9.1f} {wall:8.1f}")
+    for label, name in (("", "ban off"), ("ban", "ban on")):
+        totals = [host + sandbox for _, lab, _, host, sandbox, _ in rows if lab == label]
+        if totals:
+            print(f"machine CPU per rollout (N={DEFAULT_HIDDEN_CASES}), {name}: median {statistics.median(totals):.1f} "
+                  f"ms, max {max(totals):.1f} ms over {len(totals)} families; target <= 100 ms")
 
 
 if __name__ == "__main__":
