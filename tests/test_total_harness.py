@@ -9,11 +9,14 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prime_sandboxes import CommandTimeoutError
+from prime_sandboxes import CommandTimeoutError, CreateSandboxRequest
 
 import pytorch_env
 from ptenv.host import rollout
 from ptenv.host.commands import ResultError
+from ptenv.host.local import LocalSandboxClient
+from ptenv.host.transports import CELL_MARGIN
+from ptenv.inside.protocol import Limits
 from ptenv.host.tool_input import MAX_CHARS, problem
 from ptenv.inside.supervisor import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
 from tests.support.policy_server import MALFORMED_CALLS, serve_in_thread
@@ -139,6 +142,53 @@ def test_any_bytes_on_stdout_and_stderr_are_a_tool_reply(tools, out, err):
 def octal(data: bytes) -> str:
     """Bytes as printf's octal escapes."""
     return "".join(f"\\{b:03o}" for b in data)
+
+
+# ---- any timing up to the deadline: a command that ends, prints or still runs at any moment
+# around its limit is a model-side reply, and the box answers the next command
+
+TIMING_LIMIT = 2.0  # seconds: short, so each example costs little
+
+
+@pytest.fixture(scope="module")
+def short_cells():
+    """A sandbox whose cells may run TIMING_LIMIT seconds, on a loop the examples share."""
+    loop = asyncio.new_event_loop()
+    client = LocalSandboxClient(Limits(cell_timeout=TIMING_LIMIT))
+    sandbox = loop.run_until_complete(client.create(CreateSandboxRequest(name="timing", docker_image="local")))
+    yield loop, client, sandbox.id
+    client.teardown()
+    loop.close()
+
+
+AROUND_THE_LIMIT = st.floats(0.0, 1.3).map(lambda f: round(f * TIMING_LIMIT, 2))
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=min(EXAMPLES, 10))
+@given(before=AROUND_THE_LIMIT, after=st.sampled_from(["", "print('b')", "print('b' * 100000)", "raise ValueError"]))
+def test_a_cell_at_any_moment_around_its_limit_is_a_tool_reply(short_cells, before, after):
+    loop, client, sandbox_id = short_cells
+    code = f"import time\nprint('a', flush=True)\ntime.sleep({before})\n{after}"
+    deadline = TIMING_LIMIT + CELL_MARGIN
+    reply = loop.run_until_complete(rollout.run_cell(client.call, sandbox_id, code, deadline, client.limits))
+    assert is_model_text(reply) and reply.startswith("a")
+    alive = rollout.run_cell(client.call, sandbox_id, "print('alive')", deadline, client.limits)
+    assert loop.run_until_complete(alive) == "alive"
+
+
+@pytest.mark.slow
+@settings(FUZZ, max_examples=min(EXAMPLES, 10))
+@given(before=AROUND_THE_LIMIT, after=st.sampled_from(["", "echo b", "yes | head -c 100000", "exit 3"]))
+def test_a_command_at_any_moment_around_its_limit_is_a_tool_reply(tools, before, after):
+    loop, env, sandbox_id, state = tools
+    env.timeout_per_command_seconds = TIMING_LIMIT
+    try:
+        reply = loop.run_until_complete(env.bash(f"echo a; sleep {before}; {after}", sandbox_id, state))
+    finally:
+        env.timeout_per_command_seconds = 5
+    assert is_model_text(reply)
+    assert answers(loop, env, sandbox_id)
 
 
 # ---- F3: text from the model's process reaches the model escaped
