@@ -17,7 +17,7 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig
 
 from ptenv.host import rollout
-from tests.support import hostile_functions, policy_server
+from tests.support import ban_answers, hostile_functions, policy_server
 from ptenv.tasks.rows import dumps_rows
 from ptenv.tasks.tiers import select
 from tests.support.sandbox import wait_until
@@ -163,14 +163,15 @@ def policy_url():
     stop()
 
 
-def run_vf_eval(url: str, policy: str, out: Path, n: int, taskset_args: tuple = ()) -> list[dict]:
+def run_vf_eval(url: str, policy: str, out: Path, n: int, taskset_args: tuple = (), rollouts: int = 1,
+                timeout: float = VF_EVAL_TIMEOUT) -> list[dict]:
     """`vf-eval pytorch-env` as a user runs it; returns the traces, after checking nothing outlived it."""
     marker = uuid.uuid4().hex
     bin_dir = Path(sys.executable).parent  # vf-eval, and the `uv` its harness program needs
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PTENV_TEST_RUN": marker}
     argv = [str(bin_dir / "vf-eval"), "pytorch-env", "-m", policy, "--client.base-url", url,
-            "-n", str(n), "-r", "1", "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run", *taskset_args]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=VF_EVAL_TIMEOUT)
+            "-n", str(n), "-r", str(rollouts), "--no-push", "--no-rich", "-o", str(out), "--run.dir", "run", *taskset_args]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wait_until(lambda: not processes_marked(marker), 10), f"left running: {processes_marked(marker)}"
     episodes = [json.loads(line) for line in (out / "run" / "traces.jsonl").read_text().splitlines()]
@@ -301,3 +302,24 @@ def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
         assert trace["ok"] and score(trace) == trace["metrics"]["hidden_pass_fraction"] == 0.0, where
         assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0, where
         assert trace["info"]["verdict"]["reason"].startswith(("hidden case", "no ```python block", "the answer's code block")), where
+
+
+def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
+    """tests/test_ban_hostile.py's vf-eval run on this line: the rows are named (--select.include.idx)."""
+    from tests import test_ban_hostile as ban
+
+    played = ban.played_rows(tmp_path / "rows.jsonl")
+    url, stop = policy_server.serve_in_thread(tmp_path / "rows.jsonl")
+    args = ("--env.taskset.tiers", "expert", "--env.taskset.kind", "function", "--env.taskset.level", "2",
+            "--env.taskset.num-train-examples", str(ban.ROWS), "--select.include.idx", ",".join(map(str, ban.PLAYED)),
+            "-c", "6")
+    try:
+        traces = run_vf_eval(url, "ban_hostile", tmp_path / "out", len(ban.PLAYED), args, ban.ROLLOUTS, 900)
+    finally:
+        stop()
+    assert len(traces) == len(ban.PLAYED) * ban.ROLLOUTS
+    assert {t["task"]["data"]["id"] for t in traces} == {i.id for i in played}
+    assert all(t["ok"] and t["metrics"]["harness_error"] == 0.0 for t in traces), [t["info"] for t in traces if not t["ok"]]
+    finals = [[n["message"] for n in t["nodes"] if n["message"]["role"] == "assistant"][-1]["content"] for t in traces]
+    ban.check_played([(ban_answers.played(final), t["info"]["verdict"], score(t), t["info"]["scoring_error"])
+                      for final, t in zip(finals, traces)])

@@ -152,8 +152,27 @@ def function_hostile_policy(row, messages, tools) -> dict:
     return _say(f"Playing {name}:\n```python\n{source}```\n")
 
 
+_turns: dict[tuple[int, str], int] = {}
+_turns_lock = threading.Lock()
+
+
+def ban_hostile_policy(row, messages, tools) -> dict:
+    """For a function task of a banned family at its hardest level: a final message whose code block
+    plays one answer of tests/support/ban_answers.py (its honest control, then every way around the
+    ban), the next on each rollout of the family on this server."""
+    from tests.support import ban_answers  # imports torch: only where this policy plays
+
+    if row is None or row["info"].get("family") not in ban_answers.FAMILY_KEYS:
+        return _say("ban_hostile policy: not a family with a ban.")
+    with _turns_lock:
+        key = (row["server_port"], row["info"]["family"])
+        turn = _turns[key] = _turns.get(key, -1) + 1
+    name, source = ban_answers.play(row["info"]["family"], turn)
+    return _say(f"Playing {name}:\n```python\n{source}```\n")
+
+
 POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy,
-            "function_hostile": function_hostile_policy}
+            "function_hostile": function_hostile_policy, "ban_hostile": ban_hostile_policy}
 
 
 # --- wire format -------------------------------------------------------------------------------

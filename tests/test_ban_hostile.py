@@ -1,0 +1,119 @@
+"""The op ban against answers that try to get the banned computation anyway (issue 26): every answer
+of tests/support/ban_answers.py, at the hardest level of GRID_SAMPLE and LAYER_NORM_BACKWARD, fails
+its hidden cases with a reason that names the ban, as the model's failure (never a scoring error);
+the honest controls pass under the same ban; and at level 1 (no ban) the op itself passes. In a
+real sandbox, several hidden phases to a sandbox; then through the real classic vf-eval (the 0.4
+line's run is in tests/test_v1_env.py)."""
+
+import json
+
+import pytest
+
+from ptenv.host import answer, rollout
+from ptenv.tasks import tiers
+from ptenv.tasks.functions import HiddenCases
+from tests.support import ban_answers
+from tests.support.ban_answers import ANSWERS, FAMILIES, HONEST, LEVEL_1
+from tests.support.policy_server import serve_in_thread
+from tests.support.vf_eval import leftover_sandboxes, run_eval
+
+CASES = HiddenCases("ban-test-secret", 8)
+SEED = 3
+
+
+async def hidden_phase(box, key: str, source: str, level: int):
+    family = FAMILIES[key]
+    instance = family.instance("expert", SEED, level)
+    await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
+    found = answer.function_source(f"```python\n{source}```", family.name)
+    return await rollout.score_function(box.client.call, box.id, found, family.name, CASES.of(family, SEED),
+                                        family.ban(level), box.client.limits, False)
+
+
+def miss(name: str, outcome) -> str | None:
+    """How a hostile answer's outcome falls short of a failure that names the ban (None: it does not)."""
+    verdict = outcome.verdict
+    if outcome.scoring_error is None and verdict.score == 0.0 and "banned" in verdict.reason:
+        return None
+    return f"{name}: score {verdict.score}, scoring_error {outcome.scoring_error!r}, reason {verdict.reason!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.rootless
+@pytest.mark.timeout(900)
+async def test_every_way_around_the_ban_fails_naming_it(box):
+    misses = []
+    for name, (key, _, source) in ANSWERS.items():
+        outcome = await hidden_phase(box, key, source, 2)
+        print(f"{name}: {outcome.verdict.score} {outcome.verdict.reason}")
+        if (why := miss(name, outcome)) is not None:
+            misses.append(why)
+    assert (await box.cell("print('alive')")).stdout == "alive\n"  # the sandbox still answers
+    assert misses == [], "answers that got around the ban or failed without naming it:\n" + "\n".join(misses)
+
+
+@pytest.mark.slow
+@pytest.mark.rootless
+async def test_honest_answers_pass_under_the_ban_and_the_op_passes_without_it(box):
+    for name, (key, _, source) in HONEST.items():
+        outcome = await hidden_phase(box, key, source, 2)
+        assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
+    for name, (key, _, source) in LEVEL_1.items():
+        outcome = await hidden_phase(box, key, source, 1)  # the ban is the hardest level's only
+        assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
+        outcome = await hidden_phase(box, key, source, 2)
+        assert outcome.verdict.score == 0.0 and "banned" in outcome.verdict.reason, (name, outcome.verdict.reason)
+
+
+# --- through the real vf-eval ---------------------------------------------------------------------
+
+# The rows played: the expert function tier's first 15 instances, of which these are GRID_SAMPLE's
+# (3, 13) and LAYER_NORM_BACKWARD's (4); the policy plays the family's answers in turn.
+ROWS = 15
+PLAYED = (3, 13, 4)
+ROLLOUTS = 19  # per row: 38 for GRID_SAMPLE (37 answers), 19 for LAYER_NORM_BACKWARD (15)
+# Classic vf-eval cannot name rows: it takes the first -n of the dataset shuffled under
+# --shuffle-seed (datasets' shuffle), and this seed puts PLAYED first (the test checks it).
+SHUFFLE_SEED = 1095
+
+
+def played_rows(path) -> list[dict]:
+    instances = tiers.select(["expert"], "train", ROWS, 0, "function", 2)
+    assert [instances[i].family for i in PLAYED] == [FAMILIES["grid"], FAMILIES["grid"], FAMILIES["layer_norm"]]
+    path.write_text("".join(json.dumps(i.row()) + "\n" for i in instances))
+    return [instances[i] for i in PLAYED]
+
+
+def check_played(rows: list[tuple[str, dict, float, str | None]]) -> None:
+    """(answer played, verdict, reward, scoring error) per rollout: every answer of both families
+    played; each hostile one 0.0 with the ban named, each honest one 1.0, no scoring error."""
+    assert {name for name, *_ in rows} == {*ANSWERS, *HONEST}
+    misses = []
+    for name, verdict, reward, error in rows:
+        if name in HONEST:
+            assert (reward, error) == (1.0, None), (name, verdict)
+        elif error is not None or reward != 0.0 or "banned" not in verdict["reason"]:
+            misses.append(f"{name}: reward {reward}, scoring_error {error!r}, reason {verdict['reason']!r}")
+    assert misses == [], "answers that got around the ban or failed without naming it:\n" + "\n".join(sorted(set(misses)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
+    import datasets
+
+    played = played_rows(tmp_path / "rows.jsonl")
+    order = datasets.Dataset.from_dict({"i": list(range(ROWS))}).shuffle(seed=SHUFFLE_SEED)["i"]
+    assert sorted(order[:len(PLAYED)]) == sorted(PLAYED)
+    url, stop = serve_in_thread(tmp_path / "rows.jsonl")
+    args = ["-a", json.dumps({"kind": "function", "level": 2, "tiers": "expert", "num_train_examples": ROWS}),
+            "-n", str(len(PLAYED)), "-r", str(ROLLOUTS), "-c", "6", "--shuffle", "--shuffle-seed", str(SHUFFLE_SEED)]
+    try:
+        _, results = run_eval(url, "ban_hostile", args, tmp_path / "out")
+    finally:
+        stop()
+    assert not leftover_sandboxes()
+    assert len(results) == len(PLAYED) * ROLLOUTS
+    assert {row["info"]["task_id"] for row in results} == {i.id for i in played}
+    check_played([(ban_answers.played(row["completion"][-1]["content"]), row["verdict"], row["reward"],
+                   row["scoring_error"]) for row in results])
