@@ -81,7 +81,7 @@ async def score_function(call, sandbox_id: str, source: str | None, name: str, c
         return harness_failure(f"the hidden-phase reply is unusable: {one_line(e)}")
     verdict, fraction = hidden.verdict(results, [c for c, _, _ in cases], [e for _, _, e in cases], partial_credit)
     if not protected:
-        verdict = replace(verdict, reason=verdict.reason + " (ran with less protection: new processes were not refused)")
+        verdict = replace(verdict, reason=verdict.reason + " (ran with less protection: the OS did not refuse all the hidden phase refuses)")
     return Outcome(verdict, None, fraction)
 
 

@@ -11,6 +11,7 @@ that can answer. At a family's hardest level the ban (ban.py) is installed first
 """
 
 import ctypes
+import errno
 import json
 import os
 import traceback
@@ -40,13 +41,14 @@ def refuse_new_processes(rules: dict) -> bool:
 
 
 def prepare(ban: dict | None) -> bool:
-    """Before the answer runs: the ban, if any, then the filter, then the ban's native traps (the
-    filter's installation is the harness's last foreign call). Whether the filter holds."""
+    """Before the answer runs: the ban, if any, then the filters, then the ban's native traps (the
+    filters' installation is the harness's last foreign call). Whether the OS refuses all it should."""
     if ban is None:
         return refuse_new_processes(seccomp.JUDGE_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
         op_ban.remove(tuple(ban["ops"]), ban["autograd"])
-        protected = refuse_new_processes({**seccomp.JUDGE_RULES, **seccomp.BAN_RULES})
+        hidden = op_ban.hide_sources(libc)
+        protected = refuse_new_processes({**seccomp.JUDGE_RULES, **seccomp.BAN_RULES}) and hidden
         op_ban.seal(memory, ban["autograd"])
     return protected
 
@@ -72,7 +74,7 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
             raise NameError(f"the answer does not define a function `{name}`")
         send(control, dumps({"status": "ready", "protected": protected}).encode())
     except BaseException as e:
-        send(control, dumps({"status": "error", "reason": describe(e)}).encode())
+        send(control, dumps({"status": "error", "reason": describe(e, ban is not None)}).encode())
         return
     while True:
         frame = recv(control)
@@ -93,20 +95,42 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
             replies = [dumps({"status": "ok", "count": len(outputs)}).encode()]
             replies += [dumps({"status": "ok", "result": encode(output)}).encode() for output in outputs]
         except BaseException as e:
-            replies = [dumps({"status": "error", "reason": describe(e)}).encode()]
+            replies = [dumps({"status": "error", "reason": describe(e, ban is not None)}).encode()]
         if getpid() != me:
             return  # a process the answer made (where seccomp could not stop it) never answers
         for reply in replies:
             send(control, reply)
 
 
-def describe(e: BaseException) -> str:
-    """One line: the exception and the answer's line that raised it."""
+# What the filters refuse, named in the reason of an answer that tried it (seccomp answers EPERM,
+# Landlock EACCES; the loader reports a refused executable mapping in its own words).
+REFUSED = {False: "refused in the hidden phase: no new process or program",
+           True: "banned in the hidden phase: no new process, program, native library, file opened for writing "
+                 "or torch decomposition source"}
+LOADER_REFUSALS = ("failed to map segment", "Could not load this library")
+
+
+def describe(e: BaseException, banned: bool = False) -> str:
+    """One line: the exception and the answer's line that raised it, after what the filter refused
+    if that is what it was."""
     try:
         where = ""
         for frame in traceback.extract_tb(e.__traceback__):
             if frame.filename == "<answer>":
                 where = f" (answer line {frame.lineno})"
-        return one_line(f"{type(e).__name__}: {e}{where}", 300)
+        text = f"{type(e).__name__}: {e}{where}"
+        return one_line(f"{REFUSED[banned]}: {text}" if refused(e) else text, 300)
     except BaseException:
         return "an exception whose message could not be formatted"
+
+
+def refused(e: BaseException) -> bool:
+    for _ in range(8):  # the exception and what it was raised from
+        if isinstance(e, OSError) and e.errno in (errno.EPERM, errno.EACCES):  # seccomp, Landlock
+            return True
+        if isinstance(e, (OSError, ImportError)) and any(m in str(e) for m in LOADER_REFUSALS):
+            return True
+        e = e.__cause__ or e.__context__
+        if e is None:
+            return False
+    return False

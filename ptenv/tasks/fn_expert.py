@@ -313,7 +313,10 @@ GRID_SAMPLE = FunctionFamily(
     },
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
-    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback"),
+    # The 3-D sampler computes it on a depth-1 volume; the backward's weights (a one-hot upstream
+    # gradient) rebuild it.
+    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback", "grid_sampler_3d",
+            "grid_sampler_2d_backward", "grid_sampler_3d_backward", "_grid_sampler_2d_cpu_fallback_backward"),
 )
 
 
@@ -385,7 +388,11 @@ LAYER_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
-    banned=("native_layer_norm_backward",),
+    # The other normalisations' backwards give it by reshaping: group norm with one group per row,
+    # batch norm on the transpose, RMS norm on the centred input.
+    banned=("native_layer_norm_backward", "native_group_norm_backward", "native_batch_norm_backward",
+            "batch_norm_backward", "_batch_norm_impl_index_backward", "batch_norm_backward_elemt",
+            "batch_norm_backward_reduce", "_fused_rms_norm_backward"),
     own_gradient=True,
 )
 
