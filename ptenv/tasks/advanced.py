@@ -32,7 +32,10 @@ def _mha(g):
     heads, dh = randint(g, 2, 3), randint(g, 2, 3)
     b, t, e = randint(g, 1, 2), randint(g, 3, 5), heads * dh
     inputs = {"x": normal(g, b, t, e)}
-    inputs.update({name: normal(g, e, e, scale=0.5) for name in ("wq", "wk", "wv", "wo")})
+    inputs.update({name: normal(g, e, e, scale=0.5) for name in ("wq", "wk", "wv")})
+    # A small output projection: an output that cancels to near 0 is a sum of terms small enough that
+    # their float32 rounding stays well inside the grader's absolute tolerance.
+    inputs["wo"] = normal(g, e, e, scale=0.03)
     return {"heads": heads, "dh": dh, "e": e}, inputs
 
 
@@ -146,7 +149,8 @@ FAMILIES = [
                "    r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)\n"
                "    h = z * torch.tanh(in_ + r * hn) + (1 - z) * h\n"
                "    outs.append(h)\n"
-               "result = torch.stack(outs)\n"}),
+               "result = torch.stack(outs)\n"},
+           float64_margin=True),
     Family("nn_modules/lstm_from_weights",
            "Run an LSTM over the sequence `x` (time, batch, input) from the states `h0` and `c0`, with explicit "
            "weights whose rows are four blocks of $h in the order i, f, g, o: at each step, with "
@@ -185,7 +189,8 @@ FAMILIES = [
            "    mha.in_proj_weight.copy_(torch.cat([wq, wk, wv]))\n"
            "    mha.out_proj.weight.copy_(wo)\n"
            "    t = x.shape[1]\n"
-           "    result = mha(x, x, x, attn_mask=torch.ones(t, t, dtype=torch.bool).triu(1), need_weights=False)[0]\n"),
+           "    result = mha(x, x, x, attn_mask=torch.ones(t, t, dtype=torch.bool).triu(1), need_weights=False)[0]\n",
+           float64_margin=True),
     Family("nn_modules/rotary_embedding",
            "Rotary position embedding of `x` (batch, time, D): the token at time index `t` has position "
            "`p = t + $offset`; features `2i` and `2i + 1` form pair `i`, rotated by the angle `p * $base ** (-2i / D)`: "
@@ -225,7 +230,8 @@ FAMILIES = [
            "f = lambda z: torch.nn.functional.softplus(A @ z).sum()\n"
            "result = jvp(grad(f), (x,), (v,))[1]\n",
            "s = torch.sigmoid(A @ x)\n"
-           "result = A.T @ (s * (1 - s) * (A @ v))\n"),
+           "result = A.T @ (s * (1 - s) * (A @ v))\n",
+           float64_margin=True),
     Family("optim/adamw_written_out",
            "Minimise `loss(w) = mean((x @ w - y) ** 2)` for $steps steps, each with the gradient `g` at the current "
            "`w` (steps numbered from t = 1; `m` and `v` start at zero): first `w = w - $lr * $wd * w` (decoupled "
@@ -374,5 +380,6 @@ FAMILIES = [
            "def penalty(W):\n"
            "    gx = vmap(grad(lambda z: u @ torch.tanh(W @ z)))(x)\n"
            "    return ((gx.norm(dim=1) - 1) ** 2).mean()\n"
-           "result = grad(penalty)(W)\n"),
+           "result = grad(penalty)(W)\n",
+           float64_margin=True),
 ]

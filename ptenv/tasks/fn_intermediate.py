@@ -3,7 +3,7 @@ over any valid input, with the edge cases their result forms avoid."""
 
 import torch
 
-from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.families import away_from_zero, normal, pick, randint, uniform
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
@@ -341,20 +341,13 @@ CAUSAL_ATTENTION = FunctionFamily(
 )
 
 
-def _away_from_zero(g, c, dtype):
-    """Biases of either sign larger than a normalised value times the weight, so that no output of a
-    normalisation cancels to near 0, where another correct float32 order of operations would differ
-    from the reference by more than the tolerance."""
-    return uniform(g, 3.0, 4.0, c, dtype=dtype) * torch.where(torch.rand(c, generator=g) < 0.5, -1, 1).to(dtype)
-
-
 def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
     n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
     length = randint(g, 2, 5) if length is None else length
     shape = (n, c, length) if rank == 3 else (n, c)
     return {"x": (normal(g, *shape, scale=2.0) + 0.5).to(dtype),
             "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
-            "bias": _away_from_zero(g, c, dtype) if affine else None,
+            "bias": away_from_zero(g, c, dtype) if affine else None,
             "running_mean": normal(g, c, scale=0.3, dtype=dtype), "running_var": uniform(g, 0.5, 2.0, c, dtype=dtype),
             "momentum": pick(g, [0.1, 0.2, 0.05]), "eps": pick(g, [1e-5, 1e-3])}
 
@@ -420,7 +413,7 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
     x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
     return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
-            "bias": _away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
+            "bias": away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
 
 
 GROUP_NORM = FunctionFamily(

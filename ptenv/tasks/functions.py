@@ -29,7 +29,8 @@ import torch
 
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
-from ptenv.tasks.families import generator, seeded, seen_by_gate
+from ptenv.tasks.families import (MARGIN, SHORTCUT_MARGIN, generator, rounding_sensitivity, seeded,
+                                  seen_by_gate, tolerance_ratio)
 from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import make_function_row
 
@@ -71,6 +72,8 @@ class FunctionFamily:
     # (tests/test_ban.py searches every aten op): removed in the hidden phase at the hardest level.
     banned: tuple[str, ...] = ()
     own_gradient: bool = False  # a backward whose hardest level removes automatic differentiation
+    # Issue 24: the set is gated in float64 alone, as a result family's (families.decided_in_float64).
+    float64_margin: bool = False
 
     def ban(self, level: int) -> dict | None:
         """What the hidden phase removes at this level, as the `hidden` request carries it."""
@@ -197,6 +200,8 @@ def gated_draw(family: FunctionFamily, key: str, n: int) -> list[tuple[str, Args
 
 def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     """(problems, the cases with their reference outputs)."""
+    if family.float64_margin:
+        return float64_set_problems(family, cases)
     graded, gated, problems = [], [], []
     for name, args in cases:
         expected = as_outputs(call(family.reference, family.name, args))
@@ -216,6 +221,35 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
         if failed:
             problems.append(f"the correct implementation {right!r} fails {failed[0]}")
     return problems, graded
+
+
+def float64_set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
+    """set_problems from float64 computations alone: the reference and each other correct
+    implementation move by at most MARGIN of the tolerance under a float32 rounding of the inputs,
+    and each wrong implementation misses some case by SHORTCUT_MARGIN tolerances."""
+    graded, answers, problems = [], [], []
+    for name, args in cases:
+        answer = as_outputs(call(family.reference, family.name, float64_args(args), torch.float64))
+        for way, source in {"float64 recompute": family.reference, **family.also_correct}.items():
+            moved = rounding_sensitivity(lambda a: call(source, family.name, a, torch.float64), args,
+                                         f"{family.id}#{name}", answer)
+            if moved > MARGIN:
+                problems.append(f"{name}: {way} moves by {moved:.3g} of the tolerance under a float32 rounding")
+        graded.append((name, args, as_outputs(call(family.reference, family.name, args))))
+        answers.append(answer)
+    for wrong, source in family.wrong.items():
+        if not any(misses(source, family.name, args, answer) for (_, args, _), answer in zip(graded, answers)):
+            problems.append(f"the wrong implementation {wrong!r} passes every case")
+    return problems, graded
+
+
+def misses(source: str, name: str, args: Args, answer: list[torch.Tensor]) -> bool:
+    """Whether `source` in float64 misses the float64 answer by SHORTCUT_MARGIN tolerances (or fails)."""
+    try:
+        outputs = as_outputs(call(source, name, float64_args(args), torch.float64))
+    except Exception:
+        return True
+    return len(outputs) != len(answer) or max(tolerance_ratio(o, a) for o, a in zip(outputs, answer)) > SHORTCUT_MARGIN
 
 
 def passes(source: str, name: str, args: Args, expected: list[torch.Tensor], gate: bool = False) -> bool:

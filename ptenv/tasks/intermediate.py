@@ -8,7 +8,7 @@ and empty groups, and "extreme" inputs are large enough that the textbook formul
 
 import torch
 
-from ptenv.tasks.families import Family, normal, pick, randint, uniform
+from ptenv.tasks.families import Family, away_from_zero, normal, pick, randint, uniform
 
 
 def _pairwise(g):
@@ -58,7 +58,7 @@ def _attention(g):
 def _batchnorm(g):
     n, c, length = randint(g, 3, 5), randint(g, 2, 4), randint(g, 2, 5)
     params = {"momentum": pick(g, ["0.1", "0.2", "0.05"]), "eps": pick(g, ["1e-5", "1e-3"])}
-    inputs = {"x": normal(g, n, c, length, scale=2.0) + 0.5, "weight": uniform(g, 0.5, 1.5, c), "bias": normal(g, c),
+    inputs = {"x": normal(g, n, c, length, scale=2.0) + 0.5, "weight": uniform(g, 0.5, 1.5, c), "bias": away_from_zero(g, c),
               "running_mean": normal(g, c, scale=0.3), "running_var": uniform(g, 0.5, 2.0, c)}
     return params, inputs
 
@@ -66,7 +66,7 @@ def _batchnorm(g):
 def _groupnorm(g):
     groups = randint(g, 2, 3)
     n, c, h, w = randint(g, 1, 3), groups * randint(g, 2, 3), randint(g, 2, 4), randint(g, 2, 4)
-    inputs = {"x": normal(g, n, c, h, w, scale=1.5), "weight": uniform(g, 0.5, 1.5, c), "bias": normal(g, c)}
+    inputs = {"x": normal(g, n, c, h, w, scale=1.5), "weight": uniform(g, 0.5, 1.5, c), "bias": away_from_zero(g, c)}
     return {"groups": groups, "eps": pick(g, ["1e-5", "1e-3"])}, inputs
 
 
@@ -198,7 +198,8 @@ FAMILIES = [
            shortcuts={"padding_ignored":
                "scores = (q @ k.transpose(1, 2)) / $d ** 0.5\n"
                "allowed = torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()\n"
-               "result = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n"}),
+               "result = torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1) @ v\n"},
+           float64_margin=True),
     Family("nn_modules/batch_norm_training",
            "One training-mode batch-norm step over `x` (N, C, L), per channel `c`: normalise with the batch mean "
            "and the biased batch variance over the N and L dimensions, `y = (x - mean) / sqrt(var + $eps) * "
@@ -219,7 +220,8 @@ FAMILIES = [
            shortcuts={"momentum_complement":
                "rm, rv = running_mean.clone(), running_var.clone()\n"
                "y = torch.nn.functional.batch_norm(x, rm, rv, weight, bias, training=True, momentum=1 - $momentum, eps=$eps)\n"
-               "result = torch.cat([y.flatten(), rm, rv])\n"}),
+               "result = torch.cat([y.flatten(), rm, rv])\n"},
+           float64_margin=True),
     Family("nn_modules/group_norm",
            "Group normalisation of `x` (N, C, H, W) with $groups groups: the channels are split into $groups "
            "consecutive equal groups; each (sample, group) is normalised over its channels and all H*W positions "
@@ -231,7 +233,8 @@ FAMILIES = [
            "grouped = x.reshape(n, $groups, -1)\n"
            "mean, var = grouped.mean(-1, keepdim=True), grouped.var(-1, unbiased=False, keepdim=True)\n"
            "y = ((grouped - mean) / torch.sqrt(var + $eps)).reshape(n, c, h, w)\n"
-           "result = y * weight[:, None, None] + bias[:, None, None]\n"),
+           "result = y * weight[:, None, None] + bias[:, None, None]\n",
+           float64_margin=True),
     Family("nn_modules/rms_norm",
            "RMS normalisation over the last dimension of `x`: `result = x / sqrt(mean(x ** 2) + $eps) * gain`, "
            "the mean taken over the last dimension and `gain` applied along it.",
