@@ -221,6 +221,33 @@ def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
             "padding": [ph, pw], "dilation": [dh, dw], "padding_mode": mode}
 
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_UNFOLD_BY_HAND = """
+def unfold(x, kernel_size, stride, padding, dilation, padding_mode):
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+
+    def source(n, p):  # the index into x of each padded position; -1 reads as 0
+        i = torch.arange(-p, n + p)
+        if padding_mode == 'reflect':
+            i = i.abs()
+            return torch.where(i > n - 1, 2 * (n - 1) - i, i)
+        if padding_mode == 'replicate':
+            return i.clamp(0, n - 1)
+        return torch.where((i < 0) | (i >= n), torch.full_like(i, -1), i)
+
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows = source(H, ph)[torch.arange(kh)[:, None] * dh + torch.arange(OH)[None, :] * sh]  # (kh, OH)
+    cols = source(W, pw)[torch.arange(kw)[:, None] * dw + torch.arange(OW)[None, :] * sw]  # (kw, OW)
+    r = rows[:, None, :, None].expand(kh, kw, OH, OW)
+    c = cols[None, :, None, :].expand(kh, kw, OH, OW)
+    patches = x[:, :, r.clamp(min=0), c.clamp(min=0)]  # (N, C, kh, kw, OH, OW)
+    patches = torch.where((r >= 0) & (c >= 0), patches, torch.zeros_like(patches))
+    return patches.reshape(N, C * kh * kw, OH * OW)
+"""
+
 UNFOLD = FunctionFamily(
     "tensor_ops/unfold_fn", "unfold", ("x", "kernel_size", "stride", "padding", "dilation", "padding_mode"),
     "`x` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64); `kernel_size`, `stride`, "
@@ -276,6 +303,7 @@ UNFOLD = FunctionFamily(
             "    n, c = x.shape[:2]\n"
             "    return out.reshape(n, c, -1, out.shape[-1]).transpose(1, 2).reshape(out.shape)\n",
     },
+    also_correct={"by_hand": _UNFOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.pad` has \"reflect\" and \"replicate\" modes; `torch.nn.functional.unfold` "
          "extracts the patches.",
 )
@@ -314,6 +342,29 @@ _FOLD_REF = (
     "    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_FOLD_BY_HAND = """
+def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):
+    N, CK, _ = cols.shape
+    (H, W), (kh, kw), (sh, sw), (ph, pw), (dh, dw) = output_size, kernel_size, stride, padding, dilation
+    C = CK // (kh * kw)
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows = torch.arange(kh)[:, None] * dh + torch.arange(OH)[None, :] * sh - ph  # (kh, OH)
+    cols_ = torch.arange(kw)[:, None] * dw + torch.arange(OW)[None, :] * sw - pw  # (kw, OW)
+    r = rows[:, None, :, None].expand(kh, kw, OH, OW).reshape(-1)
+    c = cols_[None, :, None, :].expand(kh, kw, OH, OW).reshape(-1)
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    pixel = (r * W + c)[inside]
+    values = cols.reshape(N, C, -1)[:, :, inside]
+    total = torch.zeros(N, C, H * W, dtype=cols.dtype).index_add(2, pixel, values)
+    if reduction == 'mean':
+        count = torch.zeros(H * W, dtype=cols.dtype).index_add(0, pixel, torch.ones(len(pixel), dtype=cols.dtype))
+        total = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+    return total.reshape(N, C, H, W)
+"""
+
 FOLD = FunctionFamily(
     "tensor_ops/fold_fn", "fold", ("cols", "output_size", "kernel_size", "stride", "padding", "dilation", "reduction"),
     "The inverse layout of im2col. `output_size` = [H, W], `kernel_size` = [kh, kw], `stride`, `padding` and "
@@ -342,6 +393,7 @@ FOLD = FunctionFamily(
             _FOLD_REF.replace("torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))",
                               "total / (kernel_size[0] * kernel_size[1])"),
     },
+    also_correct={"by_hand": _FOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.fold` sums the patches; fold a tensor of ones to count them.",
 )
 
@@ -593,6 +645,32 @@ _CUMUL_REF = (
     "    return out.flip(dim) if reverse else out\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CUMULATIVE_BY_HAND = """
+def cumulative(x, dim, op, reverse, exclusive):
+    y = x.flip(dim) if reverse else x
+    outs, acc = [], None
+    for t in range(y.shape[dim]):
+        v = y.select(dim, t)
+        if exclusive:
+            outs.append(acc if acc is not None else torch.zeros_like(v) if op == 'sum' else torch.ones_like(v))
+        if acc is None:
+            acc = v
+        elif op == 'sum':
+            acc = acc + v
+        elif op == 'prod':
+            acc = acc * v
+        elif op == 'max':
+            acc = torch.maximum(acc, v)
+        else:
+            acc = torch.minimum(acc, v)
+        if not exclusive:
+            outs.append(acc)
+    out = torch.stack(outs, dim)
+    return out.flip(dim) if reverse else out
+"""
+
 CUMULATIVE = FunctionFamily(
     "tensor_ops/cumulative_fn", "cumulative", ("x", "dim", "op", "reverse", "exclusive"),
     "`x` is a float tensor of rank 1 to 3 (float32 or float64), `dim` an int in [-rank, rank) (negative "
@@ -617,6 +695,7 @@ CUMULATIVE = FunctionFamily(
         "reverse_not_flipped_back": _CUMUL_REF.replace("return out.flip(dim) if reverse else out", "return out"),
         "exclusive_ignored": _CUMUL_REF.replace("if exclusive:", "if False:"),
     },
+    also_correct={"by_hand": _CUMULATIVE_BY_HAND.lstrip()},
     hint="`torch.cumsum`, `cumprod`, `cummax`, `cummin`, with `Tensor.flip` for the reverse scan; shift by "
          "one position for the exclusive scan.",
 )

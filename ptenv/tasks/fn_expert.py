@@ -129,6 +129,37 @@ _CTC_REF = (
     "                      reduction=reduction, zero_infinity=True)\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CTC_LOSS_BY_HAND = """
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):
+    T, N, C = log_probs.shape
+    never = torch.full((2,), float('-inf'), dtype=log_probs.dtype)
+    losses = []
+    for n in range(N):
+        steps, S = int(input_lengths[n]), int(target_lengths[n])
+        path = [blank]
+        for label in targets[n, :S].tolist():
+            path += [label, blank]
+        # a label may follow the label two back directly when they differ (no blank needed)
+        skip = torch.tensor([s >= 2 and path[s] != blank and path[s] != path[s - 2] for s in range(len(path))])
+        lp = log_probs[:steps, n][:, torch.tensor(path)]
+        alpha = torch.full((len(path),), float('-inf'), dtype=lp.dtype)
+        alpha[:2] = lp[0, :2]
+        for t in range(1, steps):
+            one = torch.cat([never[:1], alpha[:-1]])
+            two = torch.where(skip, torch.cat([never, alpha[:-2]])[:len(path)], never[:1].expand(len(path)))
+            alpha = torch.logsumexp(torch.stack([alpha, one, two]), 0) + lp[t]
+        loss = -torch.logsumexp(alpha[-2:], 0)
+        losses.append(torch.where(torch.isinf(loss), torch.zeros_like(loss), loss))
+    losses = torch.stack(losses)
+    if reduction == 'none':
+        return losses
+    if reduction == 'sum':
+        return losses.sum()
+    return (losses / target_lengths.clamp(min=1).to(losses.dtype)).mean()
+"""
+
 CTC_LOSS = FunctionFamily(
     "losses/ctc_loss_fn", "ctc_loss", ("log_probs", "targets", "input_lengths", "target_lengths", "blank", "reduction"),
     "`log_probs` is a float tensor of shape (T, N, C) (T, N >= 1, C >= 2; float32 or float64) holding "
@@ -164,6 +195,7 @@ CTC_LOSS = FunctionFamily(
             "    return out if reduction == 'none' else out.sum() if reduction == 'sum' else out.mean()\n",
         "blank_zero": _CTC_REF.replace("blank=blank", "blank=0"),
     },
+    also_correct={"by_hand": _CTC_LOSS_BY_HAND.lstrip()},
     hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
          "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
 )
@@ -283,6 +315,38 @@ _GRID_REF = (
     "    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_GRID_SAMPLE_BY_HAND = """
+def grid_sample(input, grid, mode, padding_mode, align_corners):
+    N, C, H, W = input.shape
+
+    def pixel(g, size):
+        return (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+
+    ix, iy = pixel(grid[..., 0], W), pixel(grid[..., 1], H)
+    if padding_mode == 'border':
+        ix, iy = ix.clamp(0, W - 1), iy.clamp(0, H - 1)
+    flat = input.reshape(N, C, H * W)
+
+    def tap(x, y):  # the pixels at integer (x, y) of shape (N, Ho, Wo), 0 outside the image
+        inside = (x >= 0) & (x < W) & (y >= 0) & (y < H)
+        k = (y.clamp(0, H - 1) * W + x.clamp(0, W - 1)).reshape(N, 1, -1).expand(N, C, -1)
+        v = flat.gather(2, k).reshape(N, C, *x.shape[1:])
+        return torch.where(inside[:, None], v, torch.zeros_like(v))
+
+    if mode == 'nearest':
+        return tap(torch.round(ix).long(), torch.round(iy).long())
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    fx, fy = ix - x0, iy - y0
+    x0, y0 = x0.long(), y0.long()
+    out = torch.zeros(N, C, *grid.shape[1:3], dtype=input.dtype)
+    for dx, wx in ((0, 1 - fx), (1, fx)):
+        for dy, wy in ((0, 1 - fy), (1, fy)):
+            out = out + tap(x0 + dx, y0 + dy) * (wx * wy)[:, None]
+    return out
+"""
+
 GRID_SAMPLE = FunctionFamily(
     "nn_modules/grid_sample_fn", "grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"),
     "`input` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64) and `grid` a tensor of "
@@ -311,6 +375,7 @@ GRID_SAMPLE = FunctionFamily(
         "zeros_always": _GRID_REF.replace("padding_mode=padding_mode", "padding_mode='zeros'"),
         "xy_swapped": _GRID_REF.replace("F.grid_sample(input, grid,", "F.grid_sample(input, grid.flip(-1),"),
     },
+    also_correct={"by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
     banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback"),
@@ -603,6 +668,26 @@ _CONVT_REF = (
     "                              output_padding=output_padding, groups=groups, dilation=dilation)\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CONV_TRANSPOSE1D_BY_HAND = """
+def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):
+    N, Cin, L = x.shape
+    _, Cog, K = weight.shape
+    Cig = Cin // groups
+    Lout = (L - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1
+    t = (torch.arange(L)[:, None] * stride - padding + torch.arange(K)[None, :] * dilation).reshape(-1)
+    keep = (t >= 0) & (t < Lout)
+    parts = []
+    for g in range(groups):
+        xs, w = x[:, g * Cig:(g + 1) * Cig], weight[g * Cig:(g + 1) * Cig]
+        # every x[n, c, l] * weight[c, o, k], summed over the group's input channels: (N, Cog, L*K)
+        terms = (xs[:, :, None, :, None] * w[None, :, :, None, :]).sum(1).reshape(N, Cog, L * K)
+        parts.append(torch.zeros(N, Cog, Lout, dtype=x.dtype).index_add(2, t[keep], terms[:, :, keep]))
+    out = torch.cat(parts, 1)
+    return out if bias is None else out + bias[None, :, None]
+"""
+
 CONV_TRANSPOSE1D = FunctionFamily(
     "nn_modules/conv_transpose1d_fn", "conv_transpose1d",
     ("x", "weight", "bias", "stride", "padding", "output_padding", "dilation", "groups"),
@@ -635,6 +720,7 @@ CONV_TRANSPOSE1D = FunctionFamily(
             "    return F.conv_transpose1d(x, w, b, stride=stride, padding=padding,\n"
             "                              output_padding=output_padding, dilation=dilation)\n",
     },
+    also_correct={"by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
     hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
          "`torch.nn.functional.conv_transpose1d` states the same sizes.",
 )
