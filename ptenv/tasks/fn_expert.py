@@ -10,8 +10,10 @@ from ptenv.tasks.functions import Case, FunctionFamily
 
 
 # --- cross_entropy with label smoothing ---------------------------------------------------------
-# torch computes it whole (F.cross_entropy with weight, ignore_index, label_smoothing) except the
-# all-ignored mean, where torch gives NaN and this contract gives 0.
+# torch computes it whole except the all-ignored mean, where torch gives NaN and this contract
+# gives 0: the op search (tests/support/op_search.py) finds cross_entropy_loss; banned at level 2
+# with the nll_loss kernels it is made of (log_softmax then nll_loss gives every unsmoothed case).
+# log_softmax stays.
 
 
 def _ce(g, *, weighted=None, smoothing=None, ignore=False, all_ignored=False, reduction=None, dtype=torch.float32):
@@ -86,11 +88,14 @@ CROSS_ENTROPY = FunctionFamily(
     },
     hint="`torch.log_softmax`; `torch.nn.functional.cross_entropy` has weight, ignore_index and "
          "label_smoothing, but guard the all-ignored mean.",
+    banned=("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d",
+            "nll_loss2d_forward"),
 )
 
 
 # --- CTC loss -----------------------------------------------------------------------------------
-# torch computes it whole (F.ctc_loss with zero_infinity=True): relies on a future ban.
+# torch computes it whole (F.ctc_loss with zero_infinity=True): the op search
+# (tests/support/op_search.py) finds ctc_loss; banned at level 2 with _ctc_loss, its kernel.
 
 
 def _ctc(g, *, impossible=False, empty=False, repeats=False, blank_last=None, reduction=None, dtype=torch.float32):
@@ -198,6 +203,7 @@ CTC_LOSS = FunctionFamily(
     also_correct={"by_hand": _CTC_LOSS_BY_HAND.lstrip()},
     hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
          "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
+    banned=("ctc_loss", "_ctc_loss"),
 )
 
 
@@ -294,7 +300,9 @@ ATTENTION_ALIBI = FunctionFamily(
 
 
 # --- grid_sample --------------------------------------------------------------------------------
-# torch computes it whole (F.grid_sample): relies on a future ban.
+# torch computes it whole (F.grid_sample): the op search (tests/support/op_search.py) finds
+# grid_sampler, grid_sampler_2d and _grid_sampler_2d_cpu_fallback; banned at level 2 with
+# grid_sampler_3d (reached by unsqueezing).
 
 
 def _grid(g, *, mode=None, padding=None, align=None, outside=False, tiny=False, dtype=torch.float32):
@@ -378,13 +386,14 @@ GRID_SAMPLE = FunctionFamily(
     also_correct={"by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
-    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback"),
+    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback", "grid_sampler_3d"),
 )
 
 
 # --- layer_norm backward ------------------------------------------------------------------------
-# torch computes it whole (native_layer_norm_backward, or autograd over F.layer_norm): relies on a
-# future ban that also covers autograd at this level.
+# torch computes it whole (autograd over F.layer_norm, or native_layer_norm_backward given the
+# mean and 1/std, which the op search (tests/support/op_search.py) finds): banned at level 2 with
+# autograd.
 
 
 def _ln(g, *, rank=2, d=None, dtype=torch.float32, big_eps=False):
@@ -457,7 +466,8 @@ LAYER_NORM_BACKWARD = FunctionFamily(
 
 # --- masked softmax backward with a temperature -------------------------------------------------
 # torch does not compute it whole (no op takes the mask, the temperature and the all-masked rule
-# together; autograd over a hand-written forward does).
+# together; the op search (tests/support/op_search.py) finds none); autograd over a hand-written
+# forward does: removed at level 2.
 
 
 def _msb(g, *, empty_row=False, large=False, temperature=None, dtype=torch.float32, one=False):
@@ -511,12 +521,16 @@ MASKED_SOFTMAX_BACKWARD = FunctionFamily(
                                                 "torch.exp(z - top)"),
     },
     hint="with y the masked softmax, grad_x = y * (grad_out - sum(y * grad_out)) / temperature per row.",
+    own_gradient=True,
 )
 
 
 # --- batch_norm backward (training) -------------------------------------------------------------
-# torch computes it whole (native_batch_norm_backward, or autograd over F.batch_norm): relies on a
-# future ban that also covers autograd at this level.
+# torch computes it whole (autograd over F.batch_norm, or native_batch_norm_backward given the
+# batch mean and 1/std, which the op search (tests/support/op_search.py) finds): banned at level 2
+# with autograd and the other batch norm backward kernels (batch_norm_backward,
+# _batch_norm_impl_index_backward, and the sync-batch-norm pair batch_norm_backward_reduce /
+# _elemt, which give the same gradients in two calls).
 
 
 def _bn(g, *, rank=2, n=None, dtype=torch.float32):
@@ -585,12 +599,16 @@ BATCH_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
+    banned=("native_batch_norm_backward", "batch_norm_backward", "_batch_norm_impl_index_backward",
+            "batch_norm_backward_reduce", "batch_norm_backward_elemt"),
+    own_gradient=True,
 )
 
 
 # --- RNN cell backward --------------------------------------------------------------------------
-# torch does not compute it whole (no single op gives the six gradients; autograd over
-# torch.rnn_tanh_cell / rnn_relu_cell does).
+# torch does not compute it whole (no single op gives the six gradients; the op search
+# (tests/support/op_search.py) finds none); autograd over torch.rnn_tanh_cell / rnn_relu_cell
+# does: removed at level 2.
 
 
 def _rnn(g, *, nonlinearity=None, b=None, dtype=torch.float32):
@@ -637,11 +655,16 @@ RNN_CELL_BACKWARD = FunctionFamily(
     },
     hint="z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh; dz = grad_h * act'(z); then each gradient is a "
          "matrix product of dz with the other factor (or its sum over the batch).",
+    own_gradient=True,
 )
 
 
 # --- conv_transpose1d ---------------------------------------------------------------------------
-# torch computes it whole (F.conv_transpose1d): relies on a future ban.
+# torch computes it whole (F.conv_transpose1d): the op search (tests/support/op_search.py) finds
+# conv_transpose1d, convolution and _convolution (transposed=True); banned at level 2 with the
+# 2d/3d transposed kernels and convolution_backward (a convolution's input gradient is this
+# transposed convolution). Banning convolution removes every convolution here: an honest answer
+# scatter-adds the products.
 
 
 def _convt(g, *, groups=None, out_pad=False, dilated=False, bias=None, dtype=torch.float32, one=False):
@@ -723,6 +746,8 @@ CONV_TRANSPOSE1D = FunctionFamily(
     also_correct={"by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
     hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
          "`torch.nn.functional.conv_transpose1d` states the same sizes.",
+    banned=("conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution", "_convolution",
+            "slow_conv_transpose2d", "slow_conv_transpose3d", "convolution_backward", "mkldnn_convolution"),
 )
 
 
