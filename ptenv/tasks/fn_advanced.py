@@ -8,12 +8,13 @@ exact in float32 and the float64 recompute gate never meets cancellation."""
 import torch
 
 from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
-from ptenv.tasks.functions import Case, FunctionFamily
+from ptenv.tasks.functions import CONVOLUTIONS, Case, FunctionFamily
 
 
 # --- embedding_bag ------------------------------------------------------------------------------
-# torch computes "sum", "mean" and "max" whole (F.embedding_bag); "wmean" (weights normalised per
-# bag) it does not.
+# torch computes "sum", "mean" and "max" whole: the op search (tests/support/op_search.py) finds
+# embedding_bag (both overloads), _embedding_bag and _embedding_bag_forward_only, all banned at
+# level 2. "wmean" (weights normalised per bag) no op computes.
 
 
 def _bags(g, *, mode=None, empty=False, pad=False, dtype=torch.float32, weights=None):
@@ -117,12 +118,17 @@ EMBEDDING_BAG = FunctionFamily(
     },
     hint="`torch.nn.functional.embedding_bag` covers sum, mean and max; loop over the bags (or use "
          "`index_add_` with a bag id per position) for the weighted mean.",
+    banned=("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"),
 )
 
 
 # --- scatter_reduce -----------------------------------------------------------------------------
-# torch computes "sum", "prod", "mean", "amax" and "amin" whole (Tensor.index_reduce /
-# scatter_reduce, include_self); "range" it does not.
+# torch computes "prod", "mean", "amax" and "amin" whole: the op search
+# (tests/support/op_search.py) finds index_reduce, index_reduce_ and index_reduce.out;
+# scatter_reduce(_) computes them once the index is expanded, and index_add(_) / scatter_add(_)
+# compute "sum" with include_self: all banned at level 2. index_put with accumulate=True also
+# computes that "sum", but it is indexed assignment (`x[i] = v`), which any solution needs: not
+# banned. "range" no op computes.
 
 
 def _scatter(g, *, reduce=None, include_self=None, untouched=False, n=None, dtype=torch.float32):
@@ -197,11 +203,16 @@ SCATTER_REDUCE = FunctionFamily(
     },
     hint="`Tensor.index_reduce` (or `scatter_reduce` with an expanded index) covers the torch reductions; "
          "mind which rows no index reaches.",
+    banned=("index_reduce", "index_reduce_", "scatter_reduce", "scatter_reduce_", "index_add", "index_add_",
+            "scatter_add", "scatter_add_"),
 )
 
 
 # --- unfold (im2col) with a padding mode --------------------------------------------------------
-# torch computes "zeros" whole (F.unfold); "reflect" and "replicate" it does not (F.pad first).
+# torch computes "zeros" whole (F.unfold): the op search (tests/support/op_search.py) finds
+# im2col; banned at level 2 with col2im and the 2d convolutions, which a one-hot kernel turns into
+# im2col (an honest answer gathers with indices, not a convolution). "reflect" and "replicate" no
+# op computes (F.pad first, which stays).
 
 
 def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
@@ -220,6 +231,33 @@ def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
     return {"x": dyadic(g, n, c, h, w, dtype=dtype), "kernel_size": [kh, kw], "stride": [sh, sw],
             "padding": [ph, pw], "dilation": [dh, dw], "padding_mode": mode}
 
+
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_UNFOLD_BY_HAND = """
+def unfold(x, kernel_size, stride, padding, dilation, padding_mode):
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+
+    def source(n, p):  # the index into x of each padded position; -1 reads as 0
+        i = torch.arange(-p, n + p)
+        if padding_mode == 'reflect':
+            i = i.abs()
+            return torch.where(i > n - 1, 2 * (n - 1) - i, i)
+        if padding_mode == 'replicate':
+            return i.clamp(0, n - 1)
+        return torch.where((i < 0) | (i >= n), torch.full_like(i, -1), i)
+
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows = source(H, ph)[torch.arange(kh)[:, None] * dh + torch.arange(OH)[None, :] * sh]  # (kh, OH)
+    cols = source(W, pw)[torch.arange(kw)[:, None] * dw + torch.arange(OW)[None, :] * sw]  # (kw, OW)
+    r = rows[:, None, :, None].expand(kh, kw, OH, OW)
+    c = cols[None, :, None, :].expand(kh, kw, OH, OW)
+    patches = x[:, :, r.clamp(min=0), c.clamp(min=0)]  # (N, C, kh, kw, OH, OW)
+    patches = torch.where((r >= 0) & (c >= 0), patches, torch.zeros_like(patches))
+    return patches.reshape(N, C * kh * kw, OH * OW)
+"""
 
 UNFOLD = FunctionFamily(
     "tensor_ops/unfold_fn", "unfold", ("x", "kernel_size", "stride", "padding", "dilation", "padding_mode"),
@@ -276,13 +314,17 @@ UNFOLD = FunctionFamily(
             "    n, c = x.shape[:2]\n"
             "    return out.reshape(n, c, -1, out.shape[-1]).transpose(1, 2).reshape(out.shape)\n",
     },
+    also_correct={"by_hand": _UNFOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.pad` has \"reflect\" and \"replicate\" modes; `torch.nn.functional.unfold` "
          "extracts the patches.",
+    banned=("im2col", "col2im", *CONVOLUTIONS),
 )
 
 
 # --- fold (col2im) with a mean reduction --------------------------------------------------------
-# torch computes "sum" whole (F.fold); "mean" (each pixel divided by its coverage) it does not.
+# torch computes "sum" whole (F.fold): the op search (tests/support/op_search.py) finds col2im;
+# banned at level 2 with im2col and the transposed convolutions, which a one-hot kernel turns into
+# col2im. "mean" (each pixel divided by its coverage) no op computes.
 
 
 def _fold(g, *, reduction=None, gaps=False, dtype=torch.float32, padded=False):
@@ -314,6 +356,29 @@ _FOLD_REF = (
     "    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_FOLD_BY_HAND = """
+def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):
+    N, CK, _ = cols.shape
+    (H, W), (kh, kw), (sh, sw), (ph, pw), (dh, dw) = output_size, kernel_size, stride, padding, dilation
+    C = CK // (kh * kw)
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rows = torch.arange(kh)[:, None] * dh + torch.arange(OH)[None, :] * sh - ph  # (kh, OH)
+    cols_ = torch.arange(kw)[:, None] * dw + torch.arange(OW)[None, :] * sw - pw  # (kw, OW)
+    r = rows[:, None, :, None].expand(kh, kw, OH, OW).reshape(-1)
+    c = cols_[None, :, None, :].expand(kh, kw, OH, OW).reshape(-1)
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    pixel = (r * W + c)[inside]
+    values = cols.reshape(N, C, -1)[:, :, inside]
+    total = torch.zeros(N, C, H * W, dtype=cols.dtype).index_add(2, pixel, values)
+    if reduction == 'mean':
+        count = torch.zeros(H * W, dtype=cols.dtype).index_add(0, pixel, torch.ones(len(pixel), dtype=cols.dtype))
+        total = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+    return total.reshape(N, C, H, W)
+"""
+
 FOLD = FunctionFamily(
     "tensor_ops/fold_fn", "fold", ("cols", "output_size", "kernel_size", "stride", "padding", "dilation", "reduction"),
     "The inverse layout of im2col. `output_size` = [H, W], `kernel_size` = [kh, kw], `stride`, `padding` and "
@@ -342,7 +407,9 @@ FOLD = FunctionFamily(
             _FOLD_REF.replace("torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))",
                               "total / (kernel_size[0] * kernel_size[1])"),
     },
+    also_correct={"by_hand": _FOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.fold` sums the patches; fold a tensor of ones to count them.",
+    banned=("col2im", "im2col", *CONVOLUTIONS),
 )
 
 
@@ -441,8 +508,9 @@ MAX_POOL2D = FunctionFamily(
 
 
 # --- adaptive pooling 1d with avg / max / min ---------------------------------------------------
-# torch computes "avg" and "max" whole (F.adaptive_avg_pool1d / adaptive_max_pool1d); "min" is
-# the negated max.
+# torch computes "avg" and "max" whole: the op search (tests/support/op_search.py) finds
+# adaptive_avg_pool1d and adaptive_max_pool1d; banned at level 2 with the 2d and 3d kernels they
+# call (and reach by unsqueezing). "min" is the negated max.
 
 
 def _adaptive(g, *, mode=None, up=False, dtype=torch.float32, one=False):
@@ -491,11 +559,17 @@ ADAPTIVE_POOL1D = FunctionFamily(
             "    return torch.stack([f(w) for w in outs], -1)\n",
     },
     hint="`torch.nn.functional.adaptive_avg_pool1d` and `adaptive_max_pool1d` use these windows.",
+    banned=("adaptive_avg_pool1d", "adaptive_max_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
+            "adaptive_max_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool3d", "adaptive_max_pool3d",
+            "mkldnn_adaptive_avg_pool2d"),
 )
 
 
 # --- linear interpolation 1d --------------------------------------------------------------------
-# torch computes it whole (F.interpolate(mode="linear")): relies on a future ban.
+# torch computes it whole (F.interpolate(mode="linear")): the op search
+# (tests/support/op_search.py) finds upsample_linear1d; banned at level 2 with the 2d and 3d
+# linear kernels (reached by unsqueezing) and grid sampling (a grid of the source positions gives
+# the same blend).
 
 
 def _interp(g, *, align=None, up=None, dtype=torch.float32, one=None):
@@ -549,12 +623,15 @@ INTERPOLATE_LINEAR = FunctionFamily(
         "no_clamp": _INTERP_REF.replace("src = max((i + 0.5) * L / size - 0.5, 0.0)", "src = (i + 0.5) * L / size - 0.5"),
     },
     hint="`torch.nn.functional.interpolate(x, size=S, mode=\"linear\", align_corners=...)`.",
+    banned=("upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
+            "grid_sampler", "grid_sampler_2d", "grid_sampler_3d", "_grid_sampler_2d_cpu_fallback"),
 )
 
 
 # --- cumulative ops with reverse and exclusive --------------------------------------------------
-# torch computes the inclusive forward scans whole (cumsum, cumprod, cummax, cummin); reverse and
-# exclusive scans it does not.
+# torch computes the inclusive forward scans whole: the op search (tests/support/op_search.py)
+# finds cumsum, cumprod, cummax and cummin; banned at level 2 with their in-place forms and
+# helpers. Reverse and exclusive scans no op computes.
 
 
 def _cumul(g, *, op=None, reverse=None, exclusive=None, dtype=torch.float32, rank=None):
@@ -593,6 +670,32 @@ _CUMUL_REF = (
     "    return out.flip(dim) if reverse else out\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CUMULATIVE_BY_HAND = """
+def cumulative(x, dim, op, reverse, exclusive):
+    y = x.flip(dim) if reverse else x
+    outs, acc = [], None
+    for t in range(y.shape[dim]):
+        v = y.select(dim, t)
+        if exclusive:
+            outs.append(acc if acc is not None else torch.zeros_like(v) if op == 'sum' else torch.ones_like(v))
+        if acc is None:
+            acc = v
+        elif op == 'sum':
+            acc = acc + v
+        elif op == 'prod':
+            acc = acc * v
+        elif op == 'max':
+            acc = torch.maximum(acc, v)
+        else:
+            acc = torch.minimum(acc, v)
+        if not exclusive:
+            outs.append(acc)
+    out = torch.stack(outs, dim)
+    return out.flip(dim) if reverse else out
+"""
+
 CUMULATIVE = FunctionFamily(
     "tensor_ops/cumulative_fn", "cumulative", ("x", "dim", "op", "reverse", "exclusive"),
     "`x` is a float tensor of rank 1 to 3 (float32 or float64), `dim` an int in [-rank, rank) (negative "
@@ -617,13 +720,17 @@ CUMULATIVE = FunctionFamily(
         "reverse_not_flipped_back": _CUMUL_REF.replace("return out.flip(dim) if reverse else out", "return out"),
         "exclusive_ignored": _CUMUL_REF.replace("if exclusive:", "if False:"),
     },
+    also_correct={"by_hand": _CUMULATIVE_BY_HAND.lstrip()},
     hint="`torch.cumsum`, `cumprod`, `cummax`, `cummin`, with `Tensor.flip` for the reverse scan; shift by "
          "one position for the exclusive scan.",
+    banned=("cumsum", "cumsum_", "cumprod", "cumprod_", "cummax", "cummin", "_cummax_helper",
+            "_cummin_helper"),
 )
 
 
 # --- searchsorted -------------------------------------------------------------------------------
-# torch computes it whole (torch.searchsorted): relies on a future ban.
+# torch computes it whole: the op search (tests/support/op_search.py) finds searchsorted; banned
+# at level 2 with bucketize (the same search for one sorted sequence).
 
 
 def _search(g, *, right=None, hits=False, repeats=False, outside=False, one=False, dtype=torch.float32):
@@ -673,12 +780,15 @@ SEARCHSORTED = FunctionFamily(
             "    return torch.bucketize(values, sorted_sequence[0], right=right)\n",
     },
     hint="`torch.searchsorted(sorted_sequence, values, right=...)`; or count comparisons with broadcasting.",
+    banned=("searchsorted", "bucketize"),
 )
 
 
 # --- nll_loss -----------------------------------------------------------------------------------
-# torch computes it whole (F.nll_loss) except the all-ignored mean, where torch gives NaN and this
-# contract gives 0.
+# torch computes it whole except the all-ignored mean, where torch gives NaN and this contract
+# gives 0: the op search (tests/support/op_search.py) finds nll_loss, nll_loss_nd,
+# nll_loss_forward and cross_entropy_loss (log-probabilities are their own log_softmax); banned at
+# level 2 with nll_loss2d (reached by reshaping).
 
 
 def _nll(g, *, weighted=None, ignore=None, all_ignored=False, reduction=None, dtype=torch.float32):
@@ -745,6 +855,8 @@ NLL_LOSS = FunctionFamily(
         "mean_by_count": _NLL_REF.replace("total = w.sum()", "total = keep.sum().to(log_probs.dtype)"),
     },
     hint="`torch.nn.functional.nll_loss` with `ignore_index` and `weight`; guard the all-ignored mean.",
+    banned=("nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d", "nll_loss2d_forward",
+            "cross_entropy_loss"),
 )
 
 FAMILIES = [EMBEDDING_BAG, SCATTER_REDUCE, UNFOLD, FOLD, MAX_POOL2D, ADAPTIVE_POOL1D, INTERPOLATE_LINEAR,

@@ -6,12 +6,14 @@ as a tuple). Each family's comment says whether torch computes its contract whol
 import torch
 
 from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
-from ptenv.tasks.functions import Case, FunctionFamily
+from ptenv.tasks.functions import CONVOLUTIONS, Case, FunctionFamily
 
 
 # --- cross_entropy with label smoothing ---------------------------------------------------------
-# torch computes it whole (F.cross_entropy with weight, ignore_index, label_smoothing) except the
-# all-ignored mean, where torch gives NaN and this contract gives 0.
+# torch computes it whole except the all-ignored mean, where torch gives NaN and this contract
+# gives 0: the op search (tests/support/op_search.py) finds cross_entropy_loss; banned at level 2
+# with the nll_loss kernels it is made of (log_softmax then nll_loss gives every unsmoothed case).
+# log_softmax stays.
 
 
 def _ce(g, *, weighted=None, smoothing=None, ignore=False, all_ignored=False, reduction=None, dtype=torch.float32):
@@ -86,11 +88,14 @@ CROSS_ENTROPY = FunctionFamily(
     },
     hint="`torch.log_softmax`; `torch.nn.functional.cross_entropy` has weight, ignore_index and "
          "label_smoothing, but guard the all-ignored mean.",
+    banned=("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d",
+            "nll_loss2d_forward"),
 )
 
 
 # --- CTC loss -----------------------------------------------------------------------------------
-# torch computes it whole (F.ctc_loss with zero_infinity=True): relies on a future ban.
+# torch computes it whole (F.ctc_loss with zero_infinity=True): the op search
+# (tests/support/op_search.py) finds ctc_loss; banned at level 2 with _ctc_loss, its kernel.
 
 
 def _ctc(g, *, impossible=False, empty=False, repeats=False, blank_last=None, reduction=None, dtype=torch.float32):
@@ -129,6 +134,37 @@ _CTC_REF = (
     "                      reduction=reduction, zero_infinity=True)\n"
 )
 
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CTC_LOSS_BY_HAND = """
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):
+    T, N, C = log_probs.shape
+    never = torch.full((2,), float('-inf'), dtype=log_probs.dtype)
+    losses = []
+    for n in range(N):
+        steps, S = int(input_lengths[n]), int(target_lengths[n])
+        path = [blank]
+        for label in targets[n, :S].tolist():
+            path += [label, blank]
+        # a label may follow the label two back directly when they differ (no blank needed)
+        skip = torch.tensor([s >= 2 and path[s] != blank and path[s] != path[s - 2] for s in range(len(path))])
+        lp = log_probs[:steps, n][:, torch.tensor(path)]
+        alpha = torch.full((len(path),), float('-inf'), dtype=lp.dtype)
+        alpha[:2] = lp[0, :2]
+        for t in range(1, steps):
+            one = torch.cat([never[:1], alpha[:-1]])
+            two = torch.where(skip, torch.cat([never, alpha[:-2]])[:len(path)], never[:1].expand(len(path)))
+            alpha = torch.logsumexp(torch.stack([alpha, one, two]), 0) + lp[t]
+        loss = -torch.logsumexp(alpha[-2:], 0)
+        losses.append(torch.where(torch.isinf(loss), torch.zeros_like(loss), loss))
+    losses = torch.stack(losses)
+    if reduction == 'none':
+        return losses
+    if reduction == 'sum':
+        return losses.sum()
+    return (losses / target_lengths.clamp(min=1).to(losses.dtype)).mean()
+"""
+
 CTC_LOSS = FunctionFamily(
     "losses/ctc_loss_fn", "ctc_loss", ("log_probs", "targets", "input_lengths", "target_lengths", "blank", "reduction"),
     "`log_probs` is a float tensor of shape (T, N, C) (T, N >= 1, C >= 2; float32 or float64) holding "
@@ -164,8 +200,10 @@ CTC_LOSS = FunctionFamily(
             "    return out if reduction == 'none' else out.sum() if reduction == 'sum' else out.mean()\n",
         "blank_zero": _CTC_REF.replace("blank=blank", "blank=0"),
     },
+    also_correct={"by_hand": _CTC_LOSS_BY_HAND.lstrip()},
     hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
          "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
+    banned=("ctc_loss", "_ctc_loss"),
 )
 
 
@@ -262,7 +300,9 @@ ATTENTION_ALIBI = FunctionFamily(
 
 
 # --- grid_sample --------------------------------------------------------------------------------
-# torch computes it whole (F.grid_sample): relies on a future ban.
+# torch computes it whole (F.grid_sample): the op search (tests/support/op_search.py) finds
+# grid_sampler, grid_sampler_2d and _grid_sampler_2d_cpu_fallback; banned at level 2 with
+# grid_sampler_3d (reached by unsqueezing).
 
 
 def _grid(g, *, mode=None, padding=None, align=None, outside=False, tiny=False, dtype=torch.float32):
@@ -282,6 +322,38 @@ _GRID_REF = (
     "    import torch.nn.functional as F\n"
     "    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)\n"
 )
+
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_GRID_SAMPLE_BY_HAND = """
+def grid_sample(input, grid, mode, padding_mode, align_corners):
+    N, C, H, W = input.shape
+
+    def pixel(g, size):
+        return (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+
+    ix, iy = pixel(grid[..., 0], W), pixel(grid[..., 1], H)
+    if padding_mode == 'border':
+        ix, iy = ix.clamp(0, W - 1), iy.clamp(0, H - 1)
+    flat = input.reshape(N, C, H * W)
+
+    def tap(x, y):  # the pixels at integer (x, y) of shape (N, Ho, Wo), 0 outside the image
+        inside = (x >= 0) & (x < W) & (y >= 0) & (y < H)
+        k = (y.clamp(0, H - 1) * W + x.clamp(0, W - 1)).reshape(N, 1, -1).expand(N, C, -1)
+        v = flat.gather(2, k).reshape(N, C, *x.shape[1:])
+        return torch.where(inside[:, None], v, torch.zeros_like(v))
+
+    if mode == 'nearest':
+        return tap(torch.round(ix).long(), torch.round(iy).long())
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    fx, fy = ix - x0, iy - y0
+    x0, y0 = x0.long(), y0.long()
+    out = torch.zeros(N, C, *grid.shape[1:3], dtype=input.dtype)
+    for dx, wx in ((0, 1 - fx), (1, fx)):
+        for dy, wy in ((0, 1 - fy), (1, fy)):
+            out = out + tap(x0 + dx, y0 + dy) * (wx * wy)[:, None]
+    return out
+"""
 
 GRID_SAMPLE = FunctionFamily(
     "nn_modules/grid_sample_fn", "grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"),
@@ -311,6 +383,7 @@ GRID_SAMPLE = FunctionFamily(
         "zeros_always": _GRID_REF.replace("padding_mode=padding_mode", "padding_mode='zeros'"),
         "xy_swapped": _GRID_REF.replace("F.grid_sample(input, grid,", "F.grid_sample(input, grid.flip(-1),"),
     },
+    also_correct={"by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
     # The 3-D sampler computes it on a depth-1 volume; the backward's weights (a one-hot upstream
@@ -321,8 +394,9 @@ GRID_SAMPLE = FunctionFamily(
 
 
 # --- layer_norm backward ------------------------------------------------------------------------
-# torch computes it whole (native_layer_norm_backward, or autograd over F.layer_norm): relies on a
-# future ban that also covers autograd at this level.
+# torch computes it whole (autograd over F.layer_norm, or native_layer_norm_backward given the
+# mean and 1/std, which the op search (tests/support/op_search.py) finds): banned at level 2 with
+# autograd.
 
 
 def _ln(g, *, rank=2, d=None, dtype=torch.float32, big_eps=False):
@@ -394,12 +468,14 @@ LAYER_NORM_BACKWARD = FunctionFamily(
             "batch_norm_backward", "_batch_norm_impl_index_backward", "batch_norm_backward_elemt",
             "batch_norm_backward_reduce", "_fused_rms_norm_backward"),
     own_gradient=True,
+    float64_margin=True,
 )
 
 
 # --- masked softmax backward with a temperature -------------------------------------------------
 # torch does not compute it whole (no op takes the mask, the temperature and the all-masked rule
-# together; autograd over a hand-written forward does).
+# together; the op search (tests/support/op_search.py) finds none); autograd over a hand-written
+# forward does: removed at level 2.
 
 
 def _msb(g, *, empty_row=False, large=False, temperature=None, dtype=torch.float32, one=False):
@@ -453,12 +529,16 @@ MASKED_SOFTMAX_BACKWARD = FunctionFamily(
                                                 "torch.exp(z - top)"),
     },
     hint="with y the masked softmax, grad_x = y * (grad_out - sum(y * grad_out)) / temperature per row.",
+    own_gradient=True,
 )
 
 
 # --- batch_norm backward (training) -------------------------------------------------------------
-# torch computes it whole (native_batch_norm_backward, or autograd over F.batch_norm): relies on a
-# future ban that also covers autograd at this level.
+# torch computes it whole (autograd over F.batch_norm, or native_batch_norm_backward given the
+# batch mean and 1/std, which the op search (tests/support/op_search.py) finds): banned at level 2
+# with autograd and the other batch norm backward kernels (batch_norm_backward,
+# _batch_norm_impl_index_backward, and the sync-batch-norm pair batch_norm_backward_reduce /
+# _elemt, which give the same gradients in two calls).
 
 
 def _bn(g, *, rank=2, n=None, dtype=torch.float32):
@@ -527,12 +607,18 @@ BATCH_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
+    # Layer and group norm's backwards give it on the transpose, as batch norm's give layer norm's.
+    banned=("native_batch_norm_backward", "batch_norm_backward", "_batch_norm_impl_index_backward",
+            "batch_norm_backward_reduce", "batch_norm_backward_elemt", "native_layer_norm_backward",
+            "native_group_norm_backward", "_fused_rms_norm_backward"),
+    own_gradient=True,
 )
 
 
 # --- RNN cell backward --------------------------------------------------------------------------
-# torch does not compute it whole (no single op gives the six gradients; autograd over
-# torch.rnn_tanh_cell / rnn_relu_cell does).
+# torch does not compute it whole (no single op gives the six gradients; the op search
+# (tests/support/op_search.py) finds none); autograd over torch.rnn_tanh_cell / rnn_relu_cell
+# does: removed at level 2.
 
 
 def _rnn(g, *, nonlinearity=None, b=None, dtype=torch.float32):
@@ -586,11 +672,16 @@ RNN_CELL_BACKWARD = FunctionFamily(
     hint="z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh; dz = grad_h * act'(z); then each gradient is a "
          "matrix product of dz with the other factor (or its sum over the batch).",
     float64_margin=True,
+    own_gradient=True,
 )
 
 
 # --- conv_transpose1d ---------------------------------------------------------------------------
-# torch computes it whole (F.conv_transpose1d): relies on a future ban.
+# torch computes it whole (F.conv_transpose1d): the op search (tests/support/op_search.py) finds
+# conv_transpose1d, convolution and _convolution (transposed=True); banned at level 2 with the
+# 2d/3d transposed kernels and convolution_backward (a convolution's input gradient is this
+# transposed convolution). Banning convolution removes every convolution here: an honest answer
+# scatter-adds the products.
 
 
 def _convt(g, *, groups=None, out_pad=False, dilated=False, bias=None, dtype=torch.float32, one=False):
@@ -616,6 +707,26 @@ _CONVT_REF = (
     "    return F.conv_transpose1d(x, weight, bias, stride=stride, padding=padding,\n"
     "                              output_padding=output_padding, groups=groups, dilation=dilation)\n"
 )
+
+# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
+# the hidden cases under the ban: tests/test_ban.py).
+_CONV_TRANSPOSE1D_BY_HAND = """
+def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):
+    N, Cin, L = x.shape
+    _, Cog, K = weight.shape
+    Cig = Cin // groups
+    Lout = (L - 1) * stride - 2 * padding + dilation * (K - 1) + output_padding + 1
+    t = (torch.arange(L)[:, None] * stride - padding + torch.arange(K)[None, :] * dilation).reshape(-1)
+    keep = (t >= 0) & (t < Lout)
+    parts = []
+    for g in range(groups):
+        xs, w = x[:, g * Cig:(g + 1) * Cig], weight[g * Cig:(g + 1) * Cig]
+        # every x[n, c, l] * weight[c, o, k], summed over the group's input channels: (N, Cog, L*K)
+        terms = (xs[:, :, None, :, None] * w[None, :, :, None, :]).sum(1).reshape(N, Cog, L * K)
+        parts.append(torch.zeros(N, Cog, Lout, dtype=x.dtype).index_add(2, t[keep], terms[:, :, keep]))
+    out = torch.cat(parts, 1)
+    return out if bias is None else out + bias[None, :, None]
+"""
 
 CONV_TRANSPOSE1D = FunctionFamily(
     "nn_modules/conv_transpose1d_fn", "conv_transpose1d",
@@ -649,8 +760,10 @@ CONV_TRANSPOSE1D = FunctionFamily(
             "    return F.conv_transpose1d(x, w, b, stride=stride, padding=padding,\n"
             "                              output_padding=output_padding, dilation=dilation)\n",
     },
+    also_correct={"by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
     hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
          "`torch.nn.functional.conv_transpose1d` states the same sizes.",
+    banned=CONVOLUTIONS,
 )
 
 

@@ -47,6 +47,16 @@ def check_function_arguments(hidden_cases, partial_credit) -> None:
         raise ValueError(f"partial_credit must be true or false, got {partial_credit!r}")
 
 
+# Every convolution kernel: with a one-hot or flipped weight, or as a gradient, each computes
+# unfold, fold and the transposed convolution, so a family banning one bans them all.
+CONVOLUTIONS = ("convolution", "_convolution", "_convolution_mode", "conv1d", "conv2d", "conv3d", "conv_tbc",
+                "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution_backward",
+                "_convolution_double_backward", "convolution_overrideable", "mkldnn_convolution",
+                "_slow_conv2d_forward", "thnn_conv2d", "slow_conv3d", "slow_conv3d_forward", "slow_conv_dilated2d",
+                "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d",
+                "_nnpack_spatial_convolution", "_conv_depthwise2d", "conv_depthwise3d")
+
+
 @dataclass(frozen=True)
 class Case:
     name: str  # the class, as a verdict names it: "empty segment"
