@@ -7,11 +7,14 @@ or its `by_hand` reimplementation where the reference calls a banned op or autog
 hidden case in a real sandbox judge under the ban, while the reference that calls a banned op fails
 with a reason that names the ban."""
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import torch
 
 from ptenv.host import rollout
 from ptenv.tasks.functions import HiddenCases
@@ -23,6 +26,7 @@ BANNED = [f for f in FAMILIES if f.banned]
 HELD = [f for f in FAMILIES if f.banned or f.own_gradient]
 CASES = HiddenCases("test-ban", 8)
 NAMES_THE_BAN = "is banned in this task's hidden phase"
+THREAT_MODEL = Path(__file__).parent.parent / "docs" / "threat-model.md"
 
 
 def honest(family) -> str:
@@ -127,3 +131,15 @@ async def test_an_honest_implementation_passes_every_hidden_case_under_the_ban(b
             if outcome.verdict.score != 0.0 or NAMES_THE_BAN not in outcome.verdict.reason:
                 failures.append(f"{family.id}: the reference under the ban: {outcome.verdict.reason}")
     assert not failures, "\n".join(failures)
+
+
+def test_the_threat_model_lists_the_families_whose_banned_op_has_a_python_decomposition():
+    """Pasting a decomposition read during the rollout is open (docs/threat-model.md); the list of
+    families exposed that way is torch's decomposition table's, not a guess."""
+    from torch._decomp import decomposition_table
+    listed = re.search(r"exposed this way.*?:\n(.*?)\n- ", THREAT_MODEL.read_text(), re.S).group(1)
+
+    def exposed(family):
+        return any(getattr(getattr(torch.ops.aten, p), o) in decomposition_table
+                   for p in family.banned for o in getattr(torch.ops.aten, p).overloads())
+    assert re.findall(r"`([\w/]+_fn)`", listed) == [f.id for f in BANNED if exposed(f)]
