@@ -54,7 +54,7 @@ async def main(rounds: int) -> None:
             await rollout.preload(client.call, box.id, family.instance("bench", 0).inputs(), 60, limits)
             runs = [("", family.reference, None)]
             if family.ban(LEVELS[-1]):
-                runs.append(("ban", family.also_correct.get("by_hand", family.reference), family.ban(LEVELS[-1])))
+                runs.append(("ban", family.by_hand, family.ban(LEVELS[-1])))
             for label, source, ban in runs:
                 host, sandbox, wall = [], [], []
                 for _ in range(rounds):

@@ -29,10 +29,6 @@ NAMES_THE_BAN = "is banned in this task's hidden phase"
 THREAT_MODEL = Path(__file__).parent.parent / "docs" / "threat-model.md"
 
 
-def honest(family) -> str:
-    return family.also_correct.get("by_hand", family.reference)
-
-
 def test_every_family_relying_on_a_ban_has_one():
     """The families whose contract (or a mode of it) some torch op computes whole, and the backward
     passes that autograd computes: the search found these (tests/support/op_search.py)."""
@@ -51,9 +47,9 @@ import sys, torch
 from ptenv.grader import grade_outputs
 from ptenv.inside import ban
 from ptenv.tasks.functions import as_outputs, call
-from tests.support.op_search import family_by_name
-family = family_by_name(sys.argv[1])
-source = family.also_correct.get("by_hand", family.reference)
+from ptenv.tasks.tiers import find_family
+family = find_family(sys.argv[1])[1]
+source = family.by_hand
 cases = [(name, args, as_outputs(call(family.reference, family.name, args))) for name, args in family.draw("host", 8)]
 autograd = not family.own_gradient
 ban.remove(tuple(family.banned), autograd=autograd)
@@ -78,8 +74,8 @@ BANNED_CALL = """
 import sys, torch
 from ptenv.inside import ban
 from ptenv.tasks.functions import call
-from tests.support.op_search import family_by_name
-family = family_by_name(sys.argv[1])
+from ptenv.tasks.tiers import find_family
+family = find_family(sys.argv[1])[1]
 name, args = family.draw("ban-reason", 1)[0]
 ban.remove(tuple(family.banned), autograd=not family.own_gradient)
 try:
@@ -121,7 +117,7 @@ async def test_an_honest_implementation_passes_every_hidden_case_under_the_ban(b
     failures = []
     for family in HELD:
         cases = CASES.of(family, 5)
-        outcome = await rollout.score_function(box.client.call, box.id, honest(family), family.name, cases,
+        outcome = await rollout.score_function(box.client.call, box.id, family.by_hand, family.name, cases,
                                                family.ban(2), box.client.limits, False)
         if (outcome.verdict.score, outcome.scoring_error) != (1.0, None):
             failures.append(f"{family.id}: {outcome.verdict.reason} {outcome.scoring_error}")

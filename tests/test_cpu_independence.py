@@ -17,7 +17,7 @@ import torch
 from ptenv.grader import ATOL, RTOL, grade
 from ptenv.inside import codec
 from ptenv.tasks import families, functions, splits
-from ptenv.tasks.families import Instance, first_gradable, float64_answer, tolerance_ratio
+from ptenv.tasks.families import Instance, first_gradable, float64_answer, float64_inputs, tolerance_ratio
 from ptenv.tasks.rows import run_solution
 from ptenv.tasks.source import load_tasks
 from ptenv.tasks.tiers import FUNCTION_TIERS, TIERS, select
@@ -129,6 +129,6 @@ def test_a_hidden_set_decided_in_float64_has_its_float32_references_within_half_
     for family in gated.values():
         for key in range(10):
             for name, args, expected in functions.gated_draw(family, f"half#{key}", functions.DEFAULT_HIDDEN_CASES):
-                answer = functions.call(family.reference, family.name, functions.float64_args(args), torch.float64)
+                answer = functions.call(family.reference, family.name, float64_inputs(args), torch.float64)
                 ratios = [tolerance_ratio(e, a) for e, a in zip(expected, functions.as_outputs(answer))]
                 assert max(ratios) <= HALF, (family.id, key, name)

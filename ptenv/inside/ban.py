@@ -32,6 +32,8 @@ import warnings
 import _ctypes
 import torch
 
+from ptenv.inside.syscalls import PR_SET_NO_NEW_PRIVS, libc
+
 # Loaded here, before the filter refuses new native libraries to the answer.
 PRELOADED = (math, cmath, bisect, heapq, random, itertools, functools, operator, collections)
 DISPATCH_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "QuantizedCPU", "NestedTensorCPU",
@@ -143,10 +145,9 @@ def seal(memory, autograd: bool) -> None:
 # Landlock's calls have the same numbers on x86_64 and aarch64.
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_RULE_PATH_BENEATH, READ_FILE, READ_DIR = 1, 1 << 2, 1 << 3
-PR_SET_NO_NEW_PRIVS = 38
 
 
-def hide_sources(libc) -> bool:
+def hide_sources() -> bool:
     """Let this process read every file but HIDDEN_SOURCES; False where the kernel has no Landlock."""
     handled = ctypes.c_uint64(READ_FILE | READ_DIR)
     ruleset = libc.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))

@@ -22,9 +22,7 @@ from ptenv.inside import ban as op_ban
 from ptenv.inside import codec, seccomp
 from ptenv.inside.protocol import MAX_HIDDEN_OUTPUTS, one_line, recv_frame, send_frame
 from ptenv.inside.namespace import new_namespace
-from ptenv.inside.syscalls import libc
-
-PR_SET_NO_NEW_PRIVS = 38
+from ptenv.inside.syscalls import PR_SET_NO_NEW_PRIVS, libc
 
 
 def refuse_new_processes(rules: dict) -> bool:
@@ -47,7 +45,7 @@ def prepare(ban: dict | None) -> bool:
         return refuse_new_processes(seccomp.JUDGE_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
         op_ban.remove(tuple(ban["ops"]), ban["autograd"])
-        hidden = op_ban.hide_sources(libc)
+        hidden = op_ban.hide_sources()
         protected = refuse_new_processes({**seccomp.JUDGE_RULES, **seccomp.BAN_RULES}) and hidden
         op_ban.seal(memory, ban["autograd"])
     return protected

@@ -29,8 +29,8 @@ import torch
 
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
-from ptenv.tasks.families import (MARGIN, SHORTCUT_MARGIN, generator, rounding_sensitivity, seeded,
-                                  seen_by_gate, tolerance_ratio)
+from ptenv.tasks.families import (MARGIN, SHORTCUT_MARGIN, float64_inputs, generator, rounding_sensitivity,
+                                  seeded, seen_by_gate, tolerance_ratio)
 from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import make_function_row
 
@@ -84,6 +84,12 @@ class FunctionFamily:
     own_gradient: bool = False  # a backward whose hardest level removes automatic differentiation
     # Issue 24: the set is gated in float64 alone, as a result family's (families.decided_in_float64).
     float64_margin: bool = False
+
+    @property
+    def by_hand(self) -> str:
+        """An implementation that passes under the ban: the reference, or where the reference calls
+        a banned op, the `by_hand` one of also_correct."""
+        return self.also_correct.get("by_hand", self.reference)
 
     def ban(self, level: int) -> dict | None:
         """What the hidden phase removes at this level, as the `hidden` request carries it."""
@@ -167,10 +173,6 @@ def call(source: str, name: str, args: Args, default_dtype: torch.dtype = torch.
         return namespace[name](**copies)
 
 
-def float64_args(args: Args) -> Args:
-    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
-
-
 def as_outputs(value) -> list:
     """A function's return value as the list of its outputs (a tuple's items, or the one value)."""
     return list(value) if isinstance(value, tuple) else [value]
@@ -215,7 +217,7 @@ def set_problems(family: FunctionFamily, cases) -> tuple[list[str], list]:
     graded, gated, problems = [], [], []
     for name, args in cases:
         expected = as_outputs(call(family.reference, family.name, args))
-        recomputed = as_outputs(call(family.reference, family.name, float64_args(args), torch.float64))
+        recomputed = as_outputs(call(family.reference, family.name, float64_inputs(args), torch.float64))
         seen = [seen_by_gate(e) for e in expected]  # the graded set keeps the reference's own outputs
         verdict = grade_outputs([seen_by_gate(r.to(e.dtype)) for r, e in zip(recomputed, expected)], seen)
         if verdict.score != 1.0:
@@ -239,7 +241,7 @@ def float64_set_problems(family: FunctionFamily, cases) -> tuple[list[str], list
     and each wrong implementation misses some case by SHORTCUT_MARGIN tolerances."""
     graded, answers, problems = [], [], []
     for name, args in cases:
-        answer = as_outputs(call(family.reference, family.name, float64_args(args), torch.float64))
+        answer = as_outputs(call(family.reference, family.name, float64_inputs(args), torch.float64))
         for way, source in {"float64 recompute": family.reference, **family.also_correct}.items():
             moved = rounding_sensitivity(lambda a: call(source, family.name, a, torch.float64), args,
                                          f"{family.id}#{name}", answer)
@@ -256,7 +258,7 @@ def float64_set_problems(family: FunctionFamily, cases) -> tuple[list[str], list
 def misses(source: str, name: str, args: Args, answer: list[torch.Tensor]) -> bool:
     """Whether `source` in float64 misses the float64 answer by SHORTCUT_MARGIN tolerances (or fails)."""
     try:
-        outputs = as_outputs(call(source, name, float64_args(args), torch.float64))
+        outputs = as_outputs(call(source, name, float64_inputs(args), torch.float64))
     except Exception:
         return True
     return len(outputs) != len(answer) or max(tolerance_ratio(o, a) for o, a in zip(outputs, answer)) > SHORTCUT_MARGIN

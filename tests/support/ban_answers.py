@@ -1,11 +1,12 @@
 '''Answers that try to get a banned computation anyway (issue 26's hostile list): at the hardest
-level of GRID_SAMPLE (grid_sampler, grid_sampler_2d, _grid_sampler_2d_cpu_fallback banned) and of
-LAYER_NORM_BACKWARD (native_layer_norm_backward banned, and autograd). Each is the source of a final
-message's code block, as a model would write it; each must fail its hidden cases with a reason that
-names the ban, never as a harness error. The honest controls (a grid_sample by hand, the layer-norm
-backward by hand) must pass under the same ban.
+level of GRID_SAMPLE and of LAYER_NORM_BACKWARD (their `banned` ops, and for the latter autograd).
+Each is the source of a final message's code block, as a model would write it; each must fail its
+hidden cases with a reason that names the ban, never as a harness error. The honest controls (the
+families' own by-hand implementations) must pass under the same ban.
 
 ANSWERS: name -> (family key, class, source); FAMILIES maps the family key to the family.'''
+
+from textwrap import indent
 
 from ptenv.tasks.fn_expert import GRID_SAMPLE, LAYER_NORM_BACKWARD
 
@@ -21,53 +22,22 @@ PRELUDE = "import torch.nn.functional as F\nMODES, PADDINGS = {'bilinear': 0, 'n
 LEAVES = ("    x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))\n"
           "    y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)\n")
 
-BY_HAND = GS + '''\
-    n, c, h, w = input.shape
-    gx, gy = grid[..., 0], grid[..., 1]
-    if align_corners:
-        ix, iy = (gx + 1) / 2 * (w - 1), (gy + 1) / 2 * (h - 1)
-    else:
-        ix, iy = ((gx + 1) * w - 1) / 2, ((gy + 1) * h - 1) / 2
-    if padding_mode == "border":
-        ix, iy = ix.clamp(0, w - 1), iy.clamp(0, h - 1)
-    flat = input.reshape(n, c, h * w)
 
-    def tap(x, y):
-        inside = (x >= 0) & (x <= w - 1) & (y >= 0) & (y <= h - 1)
-        xi, yi = x.clamp(0, w - 1).long(), y.clamp(0, h - 1).long()
-        index = (yi * w + xi).reshape(n, 1, -1).expand(n, c, -1)
-        values = flat.gather(2, index).reshape(n, c, *x.shape[1:])
-        return values * inside.unsqueeze(1).to(input.dtype)
+def in_a_thread(body: str) -> str:
+    """A function body that runs `body` (which sets box['out']) in a thread and re-raises what the
+    thread raised, so the reason shows."""
+    return ("    box = {}\n    def work():\n        try:\n" + indent(body, " " * 12)
+            + "        except BaseException as e:\n            box['error'] = e\n"
+            "    t = threading.Thread(target=work)\n    t.start()\n    t.join()\n"
+            "    if 'error' in box:\n        raise box['error']\n    return box['out']\n")
 
-    if mode == "nearest":
-        return tap(torch.round(ix), torch.round(iy))
-    x0, y0 = torch.floor(ix), torch.floor(iy)
-    out = 0
-    for x, y in ((x0, y0), (x0 + 1, y0), (x0, y0 + 1), (x0 + 1, y0 + 1)):
-        weight = (1 - (ix - x).abs()) * (1 - (iy - y).abs())
-        out = out + tap(x, y) * weight.unsqueeze(1)
-    return out.to(input.dtype)
-'''
 
-HONEST = {"grid_sample_by_hand": ("grid", "honest", BY_HAND),
+HONEST = {"grid_sample_by_hand": ("grid", "honest", GRID_SAMPLE.by_hand),
           "layer_norm_backward_by_hand": ("layer_norm", "honest", LAYER_NORM_BACKWARD.reference)}
 
 GRID = {
     # --- threads: the op in another thread; the answer re-raises what the thread raised
-    "thread_join": ("threads", PRELUDE + "import threading\n" + GS + f"""\
-    box = {{}}
-    def work():
-        try:
-            box['out'] = {CALL}
-        except BaseException as e:
-            box['error'] = e
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
-    if 'error' in box:
-        raise box['error']
-    return box['out']
-"""),
+    "thread_join": ("threads", PRELUDE + "import threading\n" + GS + in_a_thread(f"box['out'] = {CALL}\n")),
     "thread_pool": ("threads", PRELUDE + "from concurrent.futures import ThreadPoolExecutor\nPOOL = ThreadPoolExecutor(2)\n"
                     + GS + f"    return POOL.submit(lambda: {CALL}).result()\n"),
     "worker_started_at_import": ("threads", PRELUDE + """\
@@ -375,23 +345,12 @@ LAYER_NORM = {
     f = lambda x, w, b: (torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, eps) * grad_out).sum()
     return torch.autograd.functional.jacobian(f, (x, weight, bias))
 """),
-    "autograd_in_a_thread": ("autograd", "import threading\n" + LN + """\
-    box = {}
-    def work():
-        try:
-            with torch.enable_grad():
-                a, w, b = (t.detach().requires_grad_() for t in (x, weight, bias))
-                y = torch.nn.functional.layer_norm(a, x.shape[-1:], w, b, eps)
-                box['out'] = torch.autograd.grad(y, (a, w, b), grad_out)
-        except BaseException as e:
-            box['error'] = e
-    t = threading.Thread(target=work)
-    t.start()
-    t.join()
-    if 'error' in box:
-        raise box['error']
-    return box['out']
-"""),
+    "autograd_in_a_thread": ("autograd", "import threading\n" + LN + in_a_thread("""\
+with torch.enable_grad():
+    a, w, b = (t.detach().requires_grad_() for t in (x, weight, bias))
+    y = torch.nn.functional.layer_norm(a, x.shape[-1:], w, b, eps)
+    box['out'] = torch.autograd.grad(y, (a, w, b), grad_out)
+""")),
     # --- the banned op, its siblings, and its Python implementations
     "native_layer_norm_backward": ("siblings", LN + """\
     d = x.shape[-1:]

@@ -377,7 +377,8 @@ def resolve(name: str):
 def search_child(family_id: str, resume: tuple[int, int, int], ban: bool, progress: str) -> None:
     """Try every overload from `resume` (op, mode, binding: past that binding), writing where it
     is to the `progress` file (plain stores into a mapping: no system call per binding)."""
-    family = family_by_name(family_id)
+    from ptenv.tasks.tiers import find_family
+    family = find_family(family_id)[1]
     groups = modes(family)  # drawn before the ban: the references may use banned ops
     torch.set_num_threads(1)
     if ban:
