@@ -69,7 +69,7 @@ REASONS = {
     "huge_type_name": "not a torch.Tensor",
     "nested_reply": "is not JSON",
     "trickle_the_reply": "did not finish its reply within the time limit",
-    "json_bomb_reply": "too large without its tensor's bytes",
+    "json_bomb_reply": "sent an oversized reply",
 }
 HOST_DIRS = [REPO, Path("/work"), Path("/root"), Path("/tmp"), Path("/var/tmp")]
 

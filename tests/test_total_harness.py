@@ -16,7 +16,7 @@ from ptenv.host import rollout
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
 from ptenv.host.transports import CELL_MARGIN
-from ptenv.inside.protocol import Limits
+from ptenv.inside.protocol import MAX_RESULT_BYTES, Limits
 from ptenv.host.tool_input import MAX_CHARS, problem
 from ptenv.inside.supervisor import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
 from tests.support.policy_server import MALFORMED_CALLS, serve_in_thread
@@ -208,17 +208,16 @@ async def test_an_undecodable_traceback_is_shown_escaped(box):
 @FUZZ
 @given(frame=st.one_of(st.binary(max_size=2048), JSON.map(lambda v: json.dumps(v).encode())))
 def test_any_interpreter_reply_is_parsed_into_a_bounded_answer(frame):
-    doc, data = result_doc(bytearray(frame))
+    doc, nbytes = result_doc(bytearray(frame))
     assert doc["status"] in ("ok", "missing", "invalid") and len(json.dumps(doc)) < SKELETON_CAP
-    assert data == b"" or doc["status"] == "ok"
+    assert 0 <= nbytes <= MAX_RESULT_BYTES and (nbytes == 0 or doc["status"] == "ok")
     status, tb = cell_status(bytearray(frame), 1000)
     assert status in (None, "ok", "error", "timeout") and len(tb) <= 1000 and is_model_text(tb)
 
 
 def test_a_reply_that_nests_or_repeats_containers_is_refused_before_it_is_parsed():
     for frame in (b"[" * 100_000 + b"]" * 100_000, b"[" + b"[[]]," * 2_000_000 + b"[]]",
-                  json.dumps({"status": "ok", "result": {"dtype": "float32", "shape": [[1]] * MAX_CONTAINERS,
-                                                          "data": "AAAA"}}).encode()):
+                  json.dumps({"status": "ok", "result": {"dtype": "float32", "shape": [[1]] * MAX_CONTAINERS}}).encode()):
         doc, _ = result_doc(bytearray(frame))
         assert doc["status"] == "invalid", doc
 
@@ -251,11 +250,25 @@ async def test_a_json_bomb_reply_is_an_invalid_answer_at_little_cost(box):
                    "json._default_encoder.encode = lambda o: '[' + '[[]],' * 8_000_000 + '[]]' if 'traceback' not in o else encode(o)\n"
                    "result = torch.zeros(2)")
     before = peak_rss_mib(box.supervisor[0])
-    with pytest.raises(ResultError, match="too large without its tensor's bytes"):
+    with pytest.raises(ResultError, match="sent an oversized reply"):
         await box.result()
-    # The 40 MB frame itself, and nothing in proportion to its 16 million lists.
-    assert peak_rss_mib(box.supervisor[0]) - before < 64, (before, peak_rss_mib(box.supervisor[0]))
+    # Refused by its length: the 40 MB frame is never read, let alone its 16 million lists parsed.
+    assert peak_rss_mib(box.supervisor[0]) - before < 8, (before, peak_rss_mib(box.supervisor[0]))
     assert (await box.cell("print('alive')")).stdout == "alive\n"
+
+
+@pytest.mark.slow
+async def test_tensor_bytes_of_another_size_than_declared_are_never_read(box):
+    # A skeleton that declares 4 bytes, then a 60 MiB frame: refused by its header.
+    await box.cell("import ptenv.inside.codec as codec\n"
+                   "codec.to_bytes = lambda t: ({'dtype': 'float32', 'shape': [1]}, bytearray(60 << 20))\n"
+                   "result = torch.zeros(1)")
+    before = peak_rss_mib(box.supervisor[0])
+    with pytest.raises(ResultError, match="in a frame of another size than it declared"):
+        await box.result()
+    assert peak_rss_mib(box.supervisor[0]) - before < 8, (before, peak_rss_mib(box.supervisor[0]))
+    await box.cell("result = torch.ones(3)")  # a fresh interpreter: the patch and the frame are gone
+    assert (await box.result()).tolist() == [1.0, 1.0, 1.0]
 
 
 @pytest.mark.slow

@@ -38,6 +38,12 @@ class CodecError(ValueError):
 
 def encode(tensor: torch.Tensor) -> dict:
     """Encode a plain CPU tensor (an nn.Parameter counts as one); refuse anything else."""
+    head, raw = to_bytes(tensor)
+    return {**head, "data": base64.b64encode(raw).decode("ascii")}
+
+
+def to_bytes(tensor: torch.Tensor) -> tuple[dict, bytearray]:
+    """A plain CPU tensor as its head ({"dtype", "shape"}) and its raw bytes; CodecError for anything else."""
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
         raise CodecError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
@@ -54,11 +60,22 @@ def encode(tensor: torch.Tensor) -> dict:
     raw = bytearray(nbytes)
     if nbytes:
         torch.frombuffer(raw, dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))
-    return {
-        "dtype": DTYPE_NAMES[tensor.dtype],
-        "shape": list(tensor.shape),
-        "data": base64.b64encode(raw).decode("ascii"),
-    }
+    return {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape)}, raw
+
+
+def byte_count(name, shape) -> int:
+    """The bytes a tensor of dtype `name` and `shape` holds; CodecError if either is not valid or
+    the count is over the cap (checked as it grows, so a hostile shape costs nothing)."""
+    if not isinstance(name, str) or name not in DTYPES:
+        raise CodecError(f"unknown dtype {name!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise CodecError(f"shape must be a list of non-negative ints, got {shape!r}")
+    count = torch.empty((), dtype=DTYPES[name]).element_size()
+    for d in shape:
+        count *= d
+        if count > MAX_BYTES:
+            raise CodecError(f"shape {shape} is over the {MAX_BYTES}-byte cap")
+    return count
 
 
 def decode(obj) -> torch.Tensor:
@@ -67,30 +84,21 @@ def decode(obj) -> torch.Tensor:
         keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise CodecError(f"expected keys ['data', 'dtype', 'shape'], got {keys}")
     name, shape, data = obj["dtype"], obj["shape"], obj["data"]
-    if not isinstance(name, str) or name not in DTYPES:
-        raise CodecError(f"unknown dtype {name!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise CodecError(f"shape must be a list of non-negative ints, got {shape!r}")
+    nbytes = byte_count(name, shape)
     if not isinstance(data, str):
         raise CodecError(f"data must be a base64 string, got {type(data).__name__}")
-    dtype = DTYPES[name]
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = 1
-    for d in shape:
-        numel *= d
-        if numel * itemsize > MAX_BYTES:
-            raise CodecError(f"shape {shape} is over the {MAX_BYTES}-byte cap")
-    if len(data) > (numel * itemsize + 2) // 3 * 4:
+    if len(data) > (nbytes + 2) // 3 * 4:
         raise CodecError(f"data is longer than shape {shape} of {name} needs")
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as e:
         raise CodecError(f"data is not valid base64: {e}") from None
-    if len(raw) != numel * itemsize:
-        raise CodecError(f"data has {len(raw)} bytes, shape {shape} of {name} needs {numel * itemsize}")
+    if len(raw) != nbytes:
+        raise CodecError(f"data has {len(raw)} bytes, shape {shape} of {name} needs {nbytes}")
+    dtype = DTYPES[name]
     if dtype == torch.bool and raw.translate(None, b"\x00\x01"):
         # torch takes any nonzero byte as True; accepting only 0/1 keeps one byte string per tensor.
         raise CodecError("bool data has bytes other than 0 and 1")
-    if numel == 0:
+    if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)

@@ -17,7 +17,7 @@ import torch
 
 from ptenv.inside import codec
 from ptenv.inside.children import exited_children
-from ptenv.inside.protocol import cut_middle, recv_frame, send_frame
+from ptenv.inside.protocol import cut_middle, recv_frame, send_frame, send_pieces
 from ptenv.inside.namespace import new_namespace
 
 
@@ -48,22 +48,26 @@ class Interpreter:
 
     def serve(self) -> None:
         dumps, loads, getpid, exit_now = json.dumps, json.loads, os.getpid, os._exit
-        recv, send = recv_frame, send_frame
+        recv, send, send_raw = recv_frame, send_frame, send_pieces
         while True:
             frame = recv(self.control)
             if frame is None:
                 exit_now(0)
             request = loads(frame)
             op = request["op"]
+            raw = None
             if op == "exec":
                 reply = dumps(self.run_cell(request["code"], request["limit"])).encode()
             elif op == "load":
                 reply = self.load(request["inputs"]).encode()
             else:
-                reply = dumps(self.read_result()).encode()
+                doc, raw = self.read_result()
+                reply = dumps(doc).encode()
             if getpid() != self.me:
                 exit_now(0)  # a process the cell forked must not answer for the interpreter
             send(self.control, reply)
+            if raw is not None:
+                send_raw(self.control, [raw])
 
     def load(self, inputs: str) -> str:
         """Start a fresh namespace with the inputs preloaded; 'ok' or a one-line error."""
@@ -121,20 +125,23 @@ class Interpreter:
         reap_children()
         return {"status": status, "traceback": tb}
 
-    def read_result(self) -> dict:
+    def read_result(self) -> tuple[dict, bytearray | None]:
+        """The reply to `result`: its document, and when it is a tensor, the tensor's raw bytes,
+        which go in a frame of their own after it (the supervisor reads them knowing their size)."""
         value = self.namespace.get("result", self)
         if value is self:
-            return {"status": "missing"}
+            return {"status": "missing"}, None
         try:
             if type(value) not in self.tensor_types:
-                return {"status": "invalid", "reason": f"result is a {type_name(type(value))[:80]}, not a torch.Tensor"}
+                return {"status": "invalid", "reason": f"result is a {type_name(type(value))[:80]}, not a torch.Tensor"}, None
             if value.is_meta:
-                return {"status": "invalid", "reason": "result is a meta tensor"}
-            return {"status": "ok", "result": codec.encode(value)}
+                return {"status": "invalid", "reason": "result is a meta tensor"}, None
+            head, raw = codec.to_bytes(value)
+            return {"status": "ok", "result": head}, raw
         except codec.CodecError as e:
-            return {"status": "invalid", "reason": f"result is invalid: {e}"}
+            return {"status": "invalid", "reason": f"result is invalid: {e}"}, None
         except BaseException as e:
-            return {"status": "invalid", "reason": f"result could not be encoded: {type(e).__name__}"}
+            return {"status": "invalid", "reason": f"result could not be encoded: {type(e).__name__}"}, None
 
 
 def reap_children(*_) -> None:

@@ -56,7 +56,7 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
     request until the channel closes. Every reference used after the answer runs is taken before
     it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
-    recv, send, decode, encode, Tensor = recv_frame, send_frame, codec.decode, codec.encode, torch.Tensor
+    recv, send, decode, to_bytes, Tensor = recv_frame, send_frame, codec.decode, codec.to_bytes, torch.Tensor
     tuple_, type_ = tuple, type
     try:
         protected = prepare(ban)
@@ -91,7 +91,8 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
                 if output.is_meta:
                     raise TypeError("returned a meta tensor")
             replies = [dumps({"status": "ok", "count": len(outputs)}).encode()]
-            replies += [dumps({"status": "ok", "result": encode(output)}).encode() for output in outputs]
+            for head, raw in map(to_bytes, outputs):  # each as `result` replies: skeleton, then bytes
+                replies += [dumps({"status": "ok", "result": head}).encode(), raw]
         except BaseException as e:
             replies = [dumps({"status": "error", "reason": describe(e, ban is not None)}).encode()]
         if getpid() != me:

@@ -7,6 +7,7 @@ peer that trickles a byte at a time cannot stretch it.
 """
 
 import asyncio
+import binascii
 import select
 import socket
 import struct
@@ -18,6 +19,7 @@ MAX_RESULT_BYTES = 64 << 20  # the largest tensor `result` may hold (the codec's
 # A result reply carries the tensor's bytes in base64 plus a little JSON around them.
 MAX_RESULT_REPLY = (MAX_RESULT_BYTES + 2) // 3 * 4 + 4096
 MAX_FRAME = MAX_RESULT_REPLY + 4096  # a supervisor's reply to the host: one result reply, wrapped
+PIECE = 3 << 20  # raw bytes base64-encoded at a time (a multiple of 3: the pieces' encodings join)
 # A function task's hidden phase (judge.py): at most this many cases per rollout, outputs per call,
 # and bytes of one encoded output; so a hidden-phase reply stays under MAX_FRAME.
 MAX_HIDDEN_CASES = 32
@@ -80,9 +82,35 @@ def recv_frame(sock: socket.socket, cap: int = MAX_FRAME, deadline: float | None
     return _recv_exact(sock, n, deadline)
 
 
+def recv_base64(sock: socket.socket, n: int, deadline: float) -> bytearray | None:
+    """A frame of exactly `n` raw bytes, returned as their base64, or None at end of stream. It is
+    received and encoded a piece at a time, so the raw bytes are never held whole: the cost is the
+    base64 and a piece. FrameError if the frame is not `n` bytes; TimeoutError as recv_frame."""
+    header = _recv_exact(sock, FRAME.size, deadline)
+    if header is None:
+        return None
+    (size,) = FRAME.unpack(header)
+    if size != n:
+        raise FrameError(f"a frame of {size} bytes where {n} were due")
+    encoded = bytearray((n + 2) // 3 * 4)
+    piece = memoryview(bytearray(min(n, PIECE)))
+    for start in range(0, n, PIECE):
+        k = min(PIECE, n - start)
+        if not _recv_into(sock, piece[:k], deadline):
+            return None
+        at = start // 3 * 4
+        encoded[at:at + (k + 2) // 3 * 4] = binascii.b2a_base64(piece[:k], newline=False)
+    return encoded
+
+
 def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytearray | None:
     buf = bytearray(n)
-    view, got = memoryview(buf), 0
+    return buf if _recv_into(sock, memoryview(buf), deadline) else None
+
+
+def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) -> bool:
+    """Fill `view` from the socket; False at end of stream."""
+    got, n = 0, len(view)
     while got < n:
         if deadline is not None:
             left = deadline - time.monotonic()
@@ -90,9 +118,9 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytearra
                 raise TimeoutError(f"{got} of {n} bytes arrived before the deadline")
         k = sock.recv_into(view[got:])
         if k == 0:
-            return None
+            return False
         got += k
-    return buf
+    return True
 
 
 async def recv_frame_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: int = MAX_FRAME) -> bytearray | None:

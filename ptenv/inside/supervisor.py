@@ -12,7 +12,6 @@ the supervisor itself reaches the host as an error.
 
 import json
 import os
-import re
 import resource
 import select
 import signal
@@ -21,18 +20,16 @@ import subprocess
 import time
 
 from ptenv.inside import ban as op_ban
-from ptenv.inside import cgroups, judge
+from ptenv.inside import cgroups, codec, judge
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
 from ptenv.inside.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
-from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, MAX_RESULT_REPLY, Limits, cut_middle, model_text, one_line, recv_frame, send_frame, send_pieces
+from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, Limits, cut_middle, model_text, one_line, recv_base64, recv_frame, send_frame, send_pieces
 from ptenv.inside.interpreter import Interpreter
 
 MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
 INTERPRETER_BROKEN = 70
 CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
-BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
-DATA_KEY = b'"data": "'
 SKELETON_CAP = 64 * 1024  # a result reply without its tensor bytes: dtype, shape, status, reason
 MAX_CONTAINERS = 256  # JSON arrays and objects in that skeleton: a tensor's shape has at most 64
 
@@ -155,35 +152,25 @@ def cell_status(frame, tb_cap: int) -> tuple[str | None, str]:
     return status, cut_middle(model_text(tb), tb_cap)
 
 
-def result_doc(frame: bytearray) -> tuple[dict, memoryview]:
+def result_doc(frame: bytearray) -> tuple[dict, int]:
     """The interpreter's reply to `result`, rebuilt from its parts: well formed and bounded whatever
-    the model sent, and the tensor's base64 bytes as a view into `frame` (never copied: a valid
-    read-back costs the frame and little more). The host still decodes the tensor strictly."""
-    start = frame.rfind(DATA_KEY) + len(DATA_KEY)  # base64 holds no quote: the last key is the data
-    end = frame.find(b'"', start) if start >= len(DATA_KEY) else -1
-    if end < 0:
-        start = end = len(frame)  # no tensor bytes: the whole reply is the skeleton
-    data = memoryview(frame)[start:end]
-    if len(frame) - len(data) > SKELETON_CAP:
-        return invalid("the interpreter's reply to `result` is too large without its tensor's bytes"), memoryview(b"")
-    doc = bounded_loads(frame[:start] + frame[end:])
+    the model sent; and, when it is a tensor, the byte count of the frame of raw bytes that follows."""
+    doc = bounded_loads(frame)
     if doc is None:
-        return invalid("the interpreter's reply to `result` is not JSON of a result's size and depth"), memoryview(b"")
+        return invalid("the interpreter's reply to `result` is not JSON of a result's size and depth"), 0
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing":
-        return {"status": "missing"}, memoryview(b"")
+        return {"status": "missing"}, 0
     if status == "invalid" and isinstance(doc.get("reason"), str):
-        return invalid(doc["reason"]), memoryview(b"")
+        return invalid(doc["reason"]), 0
     tensor = doc.get("result") if status == "ok" else None
-    if (
-        isinstance(tensor, dict) and set(tensor) == {"dtype", "shape", "data"}
-        and isinstance(tensor["dtype"], str) and len(tensor["dtype"]) <= 32
-        and isinstance(tensor["shape"], list) and len(tensor["shape"]) <= 64
-        and all(type(n) is int for n in tensor["shape"])
-        and tensor["data"] == "" and BASE64.fullmatch(data)
-    ):
-        return {"status": "ok", "result": tensor}, data
-    return invalid("the interpreter's reply to `result` is malformed"), memoryview(b"")
+    if not isinstance(tensor, dict) or set(tensor) != {"dtype", "shape"}:
+        return invalid("the interpreter's reply to `result` is malformed"), 0
+    try:
+        nbytes = codec.byte_count(tensor["dtype"], tensor["shape"])
+    except codec.CodecError as e:
+        return invalid(f"the interpreter's reply to `result` is malformed: {e}"), 0
+    return {"status": "ok", "result": {"dtype": tensor["dtype"], "shape": tensor["shape"], "data": ""}}, nbytes
 
 
 def invalid(reason: str) -> dict:
@@ -266,7 +253,7 @@ class Supervisor:
         if not data:
             return [json.dumps({"result": doc}).encode()]
         head, tail = json.dumps({"result": doc}).encode().split(b'"data": ""')
-        return [head + DATA_KEY, data, b'"' + tail]
+        return [head + b'"data": "', data, b'"' + tail]
 
     # -- the interpreter
 
@@ -472,15 +459,33 @@ class Supervisor:
             self.inputs = inputs
         return cell_doc("error" if error else "ok", Capture(cap), Capture(cap), error[:cap], None, limit)
 
-    def read_result(self, limit: float) -> tuple[dict, memoryview]:
+    def read_result(self, limit: float) -> tuple[dict, bytearray]:
+        """The result's document and its tensor's bytes in base64. A reply costs what its skeleton
+        declares, never more: the skeleton is capped small, and the tensor's bytes are read only as
+        a frame of exactly the declared size (a valid read-back of N bytes costs 4N/3 and a piece)."""
         if self.interpreter_death():
             self.restart_interpreter()
-            return {"status": "missing"}, memoryview(b"")
-        frame, failure = self.ask_interpreter({"op": "result"}, limit, MAX_RESULT_REPLY, None)
+            return {"status": "missing"}, bytearray()
+        deadline = time.monotonic() + limit + self.limits.grace
+        frame, failure = self.ask_interpreter({"op": "result"}, limit, SKELETON_CAP, None)
         if frame is None:
-            self.restart_interpreter()
-            return invalid(f"reading result failed: the interpreter {failure or 'ran past the time limit'}"), memoryview(b"")
-        return result_doc(frame)
+            return self.unreadable(failure or "ran past the time limit")
+        doc, nbytes = result_doc(frame)
+        if doc["status"] != "ok":
+            return doc, bytearray()
+        try:
+            data = recv_base64(self.interpreter["control"], nbytes, deadline)
+        except TimeoutError:
+            return self.unreadable("did not finish its reply within the time limit")
+        except ValueError:
+            return self.unreadable("sent the tensor's bytes in a frame of another size than it declared")
+        except OSError:
+            data = None
+        return (doc, data) if data is not None else self.unreadable("closed its control channel")
+
+    def unreadable(self, failure: str) -> tuple[dict, bytearray]:
+        self.restart_interpreter()  # it may have left the channel mid-frame
+        return invalid(f"reading result failed: the interpreter {failure}"), bytearray()
 
     # -- a function task's hidden phase
 
@@ -563,16 +568,30 @@ class Supervisor:
         outputs, deadline = [], time.monotonic() + call_limit + self.limits.grace
         for _ in range(count):
             try:
-                frame = recv_frame(s["control"], HIDDEN_OUTPUT_CAP, deadline)
+                output = self.judge_output(s, deadline)
             except TimeoutError:
                 return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
             except (ValueError, OSError):
-                return {"status": "died", "reason": f"an output is over the {HIDDEN_OUTPUT_CAP}-byte cap"}
-            doc, data = result_doc(frame) if frame is not None else (invalid("the reply ended early"), b"")
-            if doc["status"] != "ok":
-                return {"status": "died", "reason": doc.get("reason", "an output is missing")}
-            outputs.append({**doc["result"], "data": bytes(data).decode("ascii")})
+                return {"status": "died", "reason": "the function's process sent a malformed reply"}
+            if output.get("status") == "invalid":
+                return {"status": "died", "reason": output["reason"]}
+            outputs.append(output)
         return {"status": "ok", "outputs": outputs}
+
+    @staticmethod
+    def judge_output(s: dict, deadline: float) -> dict:
+        """One output of a call, sent as the interpreter sends `result` (skeleton, then bytes), as
+        an encoded tensor; an invalid document if it is not one or is over the cap."""
+        frame = recv_frame(s["control"], SKELETON_CAP, deadline)
+        doc, nbytes = result_doc(frame) if frame is not None else (invalid("the reply ended early"), 0)
+        if doc["status"] != "ok":
+            return invalid(doc.get("reason", "an output is missing"))
+        if (nbytes + 2) // 3 * 4 > HIDDEN_OUTPUT_CAP:
+            return invalid(f"an output is over the {HIDDEN_OUTPUT_CAP}-byte cap")
+        data = recv_base64(s["control"], nbytes, deadline)
+        if data is None:
+            return invalid("the reply ended early")
+        return {**doc["result"], "data": data.decode("ascii")}
 
     def stop_judge(self, s: dict) -> None:
         """Kill a judge (and, where seccomp could not stop it, what it started: its process group)."""
