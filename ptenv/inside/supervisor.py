@@ -28,6 +28,7 @@ from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, Limits,
 from ptenv.inside.interpreter import Interpreter
 
 MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
+PACE = 0.004  # seconds between reads of a stream past its cap: 64 KiB each, 16 MiB/s
 INTERPRETER_BROKEN = 70
 CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
 SKELETON_CAP = 64 * 1024  # a result reply without its tensor bytes: dtype, shape, status, reason
@@ -51,6 +52,7 @@ class Capture:
         self.cap = cap
         self.head = bytearray()
         self.total = 0
+        self.next_read = 0.0  # past the cap, the stream is paced (read_available)
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
@@ -69,9 +71,9 @@ class Capture:
         return self.total - len(self.head)
 
 
-def read_available(fd: int, sink: Capture) -> None:
+def read_available(fd: int, sink: Capture, blocks: int = 64) -> None:
     """Read what is in a non-blocking pipe now; bounded, as a background writer may never stop."""
-    for _ in range(64):
+    for _ in range(blocks):
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -79,6 +81,24 @@ def read_available(fd: int, sink: Capture) -> None:
         if not data:
             return
         sink.feed(data)
+
+
+def read_paced(fd: int, sink: Capture) -> None:
+    """read_available while a command runs. Past its cap a stream is only counted, so it is read
+    one block per PACE: a flood's writer then waits on the full pipe instead of spending CPU, its
+    own and its supervisor's (F11)."""
+    if time.monotonic() < sink.next_read:
+        return
+    read_available(fd, sink, 1 if sink.cut else 64)
+    if sink.cut:
+        sink.next_read = time.monotonic() + PACE
+
+
+def paced(streams: dict[int, Capture]) -> tuple[list[int], float]:
+    """The streams to wait on now, and how soon a paced one may be read again."""
+    now = time.monotonic()
+    waits = [sink.next_read - now for sink in streams.values() if sink.next_read > now]
+    return [fd for fd, sink in streams.items() if sink.next_read <= now], min(waits, default=MEMORY_POLL)
 
 
 def live_pids() -> list[int]:
@@ -368,16 +388,16 @@ class Supervisor:
             s["control"].settimeout(None)
         watch = [s["control"], s["pidfd"], self.channel]
         self.next_memory_check = time.monotonic() + MEMORY_POLL  # a quick request never pays for a look
-        if capture:
-            watch += [s["out"], s["err"]]
+        streams = dict(zip((s["out"], s["err"]), capture)) if capture else {}
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None, None
-            ready, _, _ = select.select(watch, [], [], min(left, MEMORY_POLL))
+            readable, pace = paced(streams)
+            ready, _, _ = select.select(watch + readable, [], [], min(left, MEMORY_POLL, pace))
             self.exit_if_deleted(ready)
-            if capture:
-                self.drain(capture)
+            for fd, sink in streams.items():
+                read_paced(fd, sink)
             if s["control"] in ready:
                 try:
                     frame = recv_frame(s["control"], cap, deadline)
@@ -628,13 +648,16 @@ class Supervisor:
         over_memory = False
         while True:
             left = deadline - time.monotonic()
-            ready, _, _ = select.select([pidfd, self.channel, *streams], [], [], min(max(left, 0), MEMORY_POLL))
+            readable, pace = paced(streams)
+            ready, _, _ = select.select([pidfd, self.channel, *readable], [], [], min(max(left, 0), MEMORY_POLL, pace))
             self.exit_if_deleted(ready)
             for fd, sink in streams.items():
-                read_available(fd, sink)
+                read_paced(fd, sink)
             over_memory = self.over_memory()
             if pidfd in ready or left <= 0 or over_memory:
                 break
+        for fd, sink in streams.items():
+            read_available(fd, sink)  # what the shell wrote last
         timed_out = pidfd not in ready and not over_memory
         if over_memory:
             err.feed(f"\n[killed: the sandbox used more than its {self.limits.memory_mb} MiB of memory]\n".encode())
