@@ -27,6 +27,7 @@ from ptenv.env.v1 import (
     PyTorchHarnessConfig,
     PyTorchTaskset,
     PyTorchTasksetConfig,
+    chat_program_fails_on,
     sandboxes,
 )
 from ptenv.env.v1_relay import RelayClient, RelayError
@@ -216,16 +217,77 @@ def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, 
 def test_vf_eval_malformed_tool_calls_leave_the_rollout_whole(policy_url, tmp_path, monkeypatch):
     # The malformed calls are tool messages the model reads (v1 checks types itself; text and the
     # harness's own requests are ours); the reference solution then scores 1.0 in the same sandbox.
-    # Not the calls whose arguments hold a lone surrogate: verifiers 0.4's chat program loses its
-    # connection to the tool server on them before any code of ours sees the call (docs/threat-model.md).
-    calls = [c for c in policy_server.MALFORMED_CALLS if "\\ud800" not in json.dumps(c[1]).replace("\\\\", "")]
-    assert 0 < len(calls) < len(policy_server.MALFORMED_CALLS)
+    # Not the calls with a lone surrogate: verifiers 0.4 cannot pass them on to a tool server, so they
+    # stop the rollout (test_vf_eval_a_call_verifiers_cannot_send_stops_the_rollout_as_the_models).
+    calls = [c for c in policy_server.MALFORMED_CALLS if not chat_program_fails_on(json.dumps(c[1]))]
+    assert len(policy_server.MALFORMED_CALLS) - len(calls) == 2
     monkeypatch.setattr(policy_server, "MALFORMED_CALLS", calls)
     (trace,) = run_vf_eval(policy_url, "malformed", tmp_path, 1)
     assert trace["ok"] and score(trace) == 1.0, trace["info"]
     assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0
     text = json.dumps(trace)
     assert "contains a NUL byte" in text and "ptenv-session: not found" in text and "ValueError: \\\\ud800" in text
+
+
+# Tool calls verifiers 0.4's chat program fails on before they reach the tool server (docs/threat-model.md):
+# the lone surrogates of MALFORMED_CALLS, and a valid JSON integer past Python's 4300-digit limit.
+UNSENDABLE = [(name, json.dumps(arguments)) for name, arguments in policy_server.MALFORMED_CALLS
+              if chat_program_fails_on(json.dumps(arguments))] + [("execute_code", '{"code": ' + "7" * 4301 + "}")]
+
+
+def test_chat_program_fails_on_lone_surrogates_and_huge_integers_only():
+    assert all(chat_program_fails_on(arguments) for _, arguments in UNSENDABLE)
+    assert chat_program_fails_on('{"code": "print(1)", "more": [{"x": "\\udfff"}]}')
+    # Not JSON or not an object (the chat program answers these), a surrogate pair, an escaped
+    # backslash, NaN (sent as null), and nesting too deep, on which verifiers fails first (open).
+    handled = ['{"code": "\\ud800"', '["\\ud800"]', "", "null", '{"code": "\\ud83d\\ude00"}',
+               '{"code": "raise ValueError(\'\\\\ud800\')"}', '{"code": NaN}', '{"code": ' + "[" * 5000 + "]" * 5000 + "}"]
+    assert not any(map(chat_program_fails_on, handled))
+
+
+def unsendable_policy(row, messages, tools):
+    """Row i < len(UNSENDABLE) sends call i first. The next row first leaves the right answer, then
+    sends the first call: a stopped rollout is scored on the `result` it has left."""
+    position = row["position"]
+    if position == len(UNSENDABLE) and messages[-1]["role"] != "tool":
+        return call("execute_code", code=row["info"]["reference_solution"])
+    name, arguments = UNSENDABLE[position % len(UNSENDABLE)]
+    tool_call = {"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+
+
+def test_vf_eval_a_call_verifiers_cannot_send_stops_the_rollout_as_the_models(policy_url, tmp_path, monkeypatch):
+    # verifiers 0.4's chat program would die on these calls (the next test), a harness error. The
+    # task's Response stop ends the rollout on the reply before the program gets it: no scoring_error,
+    # the model's call kept as its last message, the score that of its `result`.
+    monkeypatch.setitem(policy_server.POLICIES, "unsendable", unsendable_policy)
+    traces = run_vf_eval(policy_url, "unsendable", tmp_path, len(UNSENDABLE) + 1)
+    assert len(traces) == len(UNSENDABLE) + 1
+    sent = []
+    for trace in traces:
+        assert trace["ok"] and trace["stop_condition"] == "unsendable_tool_arguments", trace["errors"]
+        assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0
+        last = trace["nodes"][-1]["message"]
+        (tool_call,) = last["tool_calls"]
+        sent.append((tool_call["name"], tool_call["arguments"]))
+        answered = any(n["message"]["role"] == "tool" for n in trace["nodes"])
+        assert score(trace) == float(answered), trace["info"]["verdict"]
+        assert answered or trace["info"]["verdict"]["reason"] == "no result"
+    assert sorted(sent) == sorted(UNSENDABLE + UNSENDABLE[:1])
+
+
+def test_vf_eval_without_the_stop_verifiers_fails_the_rollout_on_a_lone_surrogate(policy_url, tmp_path, monkeypatch):
+    # What unsendable_tool_arguments prevents; once this fails, verifiers passes such calls on and the
+    # stop can go. The chat program's MCP client cannot encode the call as UTF-8 (httpx2's
+    # encode_json raises UnicodeEncodeError in its post task), the connection closes, and after 6
+    # attempts the program exits 1 with "MCPError: Connection closed": a HarnessError, unscored.
+    monkeypatch.setitem(policy_server.POLICIES, "unsendable", unsendable_policy)
+    never = Path(__file__).parent / "support" / "v1_no_stop.py"
+    plug = json.dumps({"unsendable_tool_arguments": {"fn": f"{never}:never"}})
+    (trace,) = run_vf_eval(policy_url, "unsendable", tmp_path, 1, ("--env.taskset.task.stops", plug))
+    assert not trace["ok"] and trace["stop_condition"] == "harness_error" and trace["rewards"] == {}
+    assert "MCPError: Connection closed" in trace["errors"][-1]["message"]
+    assert trace["info"]["scoring_error"].startswith("HarnessError: harness 'pytorch-env' exited 1")
 
 
 def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():

@@ -12,8 +12,12 @@ Where each part runs, and why:
   scores 0.0; a harness failure (dead sandbox, unusable read-back) is a v1 failure instead: a
   SandboxError on the trace (ok False, no reward), its reason in trace.info["scoring_error"].
 - PyTorchHarness.cleanup, which v1 runs after scoring and after every failure, deletes the sandbox.
+- A reply whose tool call verifiers' chat program cannot pass on to the tool server (a lone
+  surrogate in its arguments, an integer past 4300 digits) stops the rollout: see
+  PyTorchTask.unsendable_tool_arguments.
 """
 
+import json
 import secrets
 
 import verifiers.v1 as vf
@@ -133,6 +137,14 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
         if outcome.scoring_error is not None:
             raise vf.SandboxError(outcome.scoring_error)
 
+    @vf.stop
+    async def unsendable_tool_arguments(self, response: vf.Response) -> bool:
+        # verifiers 0.4's chat program dies on such a call before any code of ours sees it, and the
+        # rollout would end as a harness error (docs/threat-model.md). v1 runs this stop on the reply
+        # before the chat program gets it: the model's call stays in the trace, and the rollout is
+        # scored like any other stopped one, on the `result` it has left.
+        return any(chat_program_fails_on(call.arguments) for call in response.message.tool_calls or [])
+
     @vf.reward(weight=1.0)
     async def correctness(self, trace: vf.Trace) -> float:
         return trace.info["verdict"]["score"]
@@ -165,6 +177,25 @@ class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
             limits=transport.limits.as_dict(),
         )
         return [PyTorchTools(tools)]
+
+
+def chat_program_fails_on(arguments: str) -> bool:
+    """Whether verifiers 0.4's chat program fails on a tool call with these arguments before the call
+    reaches a tool server. It decodes them with `json.loads` (an integer past Python's 4300-digit
+    limit raises ValueError there) and sends an object on as UTF-8 JSON (httpx2), which cannot hold
+    a lone surrogate: valid JSON such as `{"code": "\\ud800"}` decodes to one. Text that is not
+    JSON, or JSON that is not an object, it answers with a tool error itself."""
+    try:
+        value = json.loads(arguments or "{}")
+        if isinstance(value, dict):
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except json.JSONDecodeError:
+        return False
+    except ValueError:  # the digit limit, or UnicodeEncodeError
+        return True
+    except RecursionError:
+        return False  # verifiers itself fails on these when it commits the reply, before any stop applies
+    return False
 
 
 def row_info(row: TaskRow) -> dict:
