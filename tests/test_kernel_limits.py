@@ -12,7 +12,8 @@ from ptenv.inside import cgroups, seccomp
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
-from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs
+from ptenv.inside.supervisor import FAULT_RATE_KB, MEMORY_POLL, MIN_POLL, next_look
+from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs, wait_until
 
 pytestmark = pytest.mark.rootless
 
@@ -141,8 +142,56 @@ async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
         for hog, error in ((MEMFD_HOG, "PermissionError"), (SHM_HOG, f"AssertionError: {errno.EPERM}")):
             reply = await box.cell(hog)
             assert reply.status == "error" and error in reply.stderr, reply
+        # No huge pages, asked for or not, and no way to turn them back on; below the supervisor's nice.
+        assert (await box.cell(HUGE_PAGES)).stdout == f"-1 {errno.EPERM}\n0\n19\n"
     finally:
         client.teardown()
+
+
+HUGE_PAGES = (
+    "import ctypes, mmap, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "print(libc.prctl(41, 0, 0, 0, 0), ctypes.get_errno())\n"  # PR_SET_THP_DISABLE
+    "m = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n"
+    "m.madvise(mmap.MADV_HUGEPAGE)\nm.write(b'x' * (64 << 20))\n"
+    "print(next(line.split()[1] for line in open('/proc/self/smaps_rollup') if line.startswith('AnonHugePages')))\n"
+    "print(os.getpriority(os.PRIO_PROCESS, 0))\n"
+)
+# Once the cell has answered, a thread it left running forks 5 processes that hold 1 GiB together.
+LATER_HOG = (
+    "import os, threading, time\n"
+    "def hog():\n"
+    "    time.sleep(0.5)\n"
+    "    for _ in range(5):\n"
+    "        if os.fork() == 0:\n"
+    "            held = b'x' * (200 << 20)\n"
+    "            time.sleep(30)\n"
+    "            os._exit(0)\n"
+    "threading.Thread(target=hog).start()\n"
+)
+
+
+@pytest.mark.slow
+async def test_without_a_cgroup_memory_is_watched_between_requests(monkeypatch):
+    monkeypatch.setattr(cgroups, "make_client_dirs", lambda name: (_ for _ in ()).throw(cgroups.Unavailable("none")))
+    client = LocalSandboxClient(LIMITS)
+    try:
+        box = await new_box(client)
+        interpreter = box.processes()[1]
+        assert (await box.cell(LATER_HOG)).status == "ok"
+        # The supervisor ends the session while no request runs: the old interpreter goes, a fresh
+        # one waits (unwatched, the processes would hold their memory for 30 s, and it would stay).
+        assert wait_until(lambda: interpreter not in box.processes() and len(box.processes()) == 2, timeout=60)
+        reply = await box.cell("print('alive')")
+        assert reply.stdout == "alive\n" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    finally:
+        client.teardown()
+
+
+def test_the_next_look_comes_before_the_headroom_could_be_used_up():
+    assert next_look(FAULT_RATE_KB) == MEMORY_POLL  # a second's faulting away: as often as ever
+    assert next_look(FAULT_RATE_KB * 0.05) == pytest.approx(0.05)
+    assert next_look(FAULT_RATE_KB * MIN_POLL / 2) == MIN_POLL
+    assert next_look(0) == next_look(-1024) == MIN_POLL  # at or past the limit: still a bounded pace
 
 
 @pytest.mark.slow
@@ -232,10 +281,11 @@ async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
 @pytest.mark.slow
 async def test_the_model_may_still_tune_its_own_processes(box):
     # Rootless, a second filter keeps these calls off PID 1, the supervisor: that must
-    # leave ordinary code that tunes itself working, in both modes.
+    # leave ordinary code that tunes itself working, in both modes. (Its nice may only rise, and
+    # without a cgroup it starts at 19.)
     code = (
         "import os, resource\n"
-        "os.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+        "os.setpriority(os.PRIO_PROCESS, 0, 19)\n"
         "os.sched_setaffinity(0, os.sched_getaffinity(0))\n"
         "os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))\n"
@@ -243,8 +293,8 @@ async def test_the_model_may_still_tune_its_own_processes(box):
         " resource.getrlimit(resource.RLIMIT_NOFILE))\n"
     )
     reply = await box.cell(code)
-    assert reply.stdout == "5 True (100, 100)\n", reply
-    assert (await box.sh("nice -n 3 sh -c 'echo $$' && renice -n 7 -p $$ >/dev/null && echo reniced")).stdout.endswith("reniced\n")
+    assert reply.stdout == "19 True (100, 100)\n", reply
+    assert (await box.sh("nice -n 3 sh -c 'echo $$' && renice -n 19 -p $$ >/dev/null && echo reniced")).stdout.endswith("reniced\n")
 
 
 @pytest.mark.slow

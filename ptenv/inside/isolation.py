@@ -24,7 +24,7 @@ from ptenv.inside.protocol import Limits
 from ptenv.inside.syscalls import (
     CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SYS_PTRACE, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUSER,
     CLONE_NEWUTS, MS_NOEXEC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, PR_SET_DUMPABLE, PR_SET_KEEPCAPS,
-    PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, check, libc, set_capabilities,
+    PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, PR_SET_THP_DISABLE, check, libc, set_capabilities,
 )
 
 # Kill and wait for the model's processes, start them as the model's uid, read their memory use.
@@ -85,6 +85,11 @@ def isolate_supervisor(limits: Limits, uids: tuple[int, int] | None, keep_fds: s
     # channel. Set after the uid change, which clears it; a fork server that died before this line
     # leaves us to the channel, which the host closes when it notices (or when it dies).
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    if not cgroup:
+        # No huge pages for the sandbox's processes (inherited through fork and exec; seccomp.py
+        # keeps the model from undoing it): a fault then brings in at most 64 KiB, and the model
+        # faults memory in at 4 KiB pages' pace, which the supervisor's memory looks are paced for.
+        check(libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), "prctl(THP_DISABLE)")
     seccomp.install(seccomp.sandbox_rules(cgroup=cgroup, enter_userns=not uids))
     return model
 

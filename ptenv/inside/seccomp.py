@@ -15,7 +15,7 @@ import ctypes
 import errno
 import platform
 
-from ptenv.inside.syscalls import CLONE_NEWUSER, check, libc
+from ptenv.inside.syscalls import CLONE_NEWUSER, PR_SET_THP_DISABLE, check, libc
 
 # Syscall numbers by machine; the filter kills a process that calls in through another ABI.
 ARCHES = {
@@ -35,7 +35,7 @@ ARCHES = {
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
-        "mmap": 9, "shmat": 30, "open": 2, "openat": 257, "openat2": 437, "rt_sigaction": 13,
+        "mmap": 9, "shmat": 30, "open": 2, "openat": 257, "openat2": 437, "rt_sigaction": 13, "prctl": 157,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -52,7 +52,7 @@ ARCHES = {
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
         "execve": 221, "execveat": 281,
-        "mmap": 222, "shmat": 196, "openat": 56, "openat2": 437, "rt_sigaction": 134,
+        "mmap": 222, "shmat": 196, "openat": 56, "openat2": 437, "rt_sigaction": 134, "prctl": 167,
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
@@ -118,14 +118,15 @@ class SockFprog(ctypes.Structure):
 
 def sandbox_rules(cgroup: bool, enter_userns: bool) -> dict:
     """The filter every sandbox process has. Without a cgroup, what only a cgroup could account for
-    is denied: memfd and SysV shared memory (in no process's memory) and a new session (the
-    sandbox's session is its autogroup, the kernel's CPU share without a cgroup). Rootless, the
+    is denied: memfd and SysV shared memory (in no process's memory), a new session (the
+    sandbox's session is its autogroup, the kernel's CPU share without a cgroup), and huge pages
+    back (isolation.py turned them off: the supervisor's memory looks count on it). Rootless, the
     supervisor's children must enter the model's user namespace (MODEL_RULES then deny it)."""
     rules = {name: EPERM for name in DENIED}
     rules["clone3"] = ENOSYS
     rules["clone"] = ((0, NONE_OF, NAMESPACE_FLAGS),)
     if not cgroup:
-        rules.update(memfd_create=EPERM, shmget=EPERM, setsid=EPERM)
+        rules.update(memfd_create=EPERM, shmget=EPERM, setsid=EPERM, prctl=((0, NOT, PR_SET_THP_DISABLE),))
     if enter_userns:
         rules["setns"] = ((1, EQUALS, CLONE_NEWUSER),)
     return rules

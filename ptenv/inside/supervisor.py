@@ -27,7 +27,13 @@ from ptenv.inside.syscalls import CAP_SETGID, CAP_SETUID, has_capabilities
 from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, Limits, cut_middle, model_text, one_line, recv_base64, recv_frame, send_frame, send_pieces
 from ptenv.inside.interpreter import Interpreter
 
-MEMORY_POLL = 0.2  # seconds between checks of a sandbox's total memory while a command runs
+# Without a cgroup the supervisor looks at a sandbox's memory itself (over_memory), sooner the
+# nearer it is to its limit: see next_look.
+MEMORY_POLL = 0.2  # seconds between looks while it is far below its limit
+MIN_POLL = 0.01  # seconds between looks however near it is
+FAULT_RATE_KB = 6 << 20  # kB/s: the fastest a sandbox is taken to fault memory in (4.4 GiB/s measured, bench/bench_memory.py)
+FAULT_KB = 64  # the most one page fault maps without huge pages: the kernel's fault-around, 64 KiB
+MODEL_NICE = 19  # the model's processes' nice value without a cgroup (enter_model_side)
 PACE = 0.004  # seconds between reads of a stream past its cap: 64 KiB each, 16 MiB/s
 INTERPRETER_BROKEN = 70
 CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root in (no passwd entry)
@@ -101,31 +107,50 @@ def paced(streams: dict[int, Capture]) -> tuple[list[int], float]:
     return [fd for fd, sink in streams.items() if sink.next_read <= now], min(waits, default=MEMORY_POLL)
 
 
-def live_pids() -> list[int]:
-    """The processes of this sandbox that are not zombies (this /proc shows only our namespace)."""
-    pids = []
+def next_look(headroom_kb: float) -> float:
+    """Seconds until the next look at a sandbox's memory: as long as its headroom lasts at
+    FAULT_RATE_KB, between MIN_POLL and MEMORY_POLL. So a burst no faster than that passes the
+    limit by at most what it faults in during MIN_POLL and three looks (docs/sandbox.md), and a
+    sandbox far below its limit is looked at every MEMORY_POLL, as before."""
+    return min(MEMORY_POLL, max(MIN_POLL, headroom_kb / FAULT_RATE_KB))
+
+
+def live_processes() -> dict[tuple[int, int], int]:
+    """The processes of this sandbox that are not zombies (this /proc shows only our namespace), by
+    (pid, start time), each with its page faults so far."""
+    processes = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-            except (OSError, IndexError):
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                if fields[0] != b"Z":  # fields from the state on: minflt, majflt, starttime
+                    processes[int(name), int(fields[19])] = int(fields[7]) + int(fields[9])
+            except (OSError, IndexError, ValueError):
                 continue
-            if state != b"Z":
-                pids.append(int(name))
-    return pids
+    return processes
+
+
+def live_pids() -> list[int]:
+    return [pid for pid, _ in live_processes()]
+
+
+def pss_kb(pid: int) -> int:
+    """A process's proportional share of memory (shared pages divided among their users). The
+    kernel walks its page tables for it: tens of ms for a GiB of small pages."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+    except (OSError, StopIteration, ValueError):
+        return 0  # gone meanwhile
 
 
 def socket_count() -> int:
-    """The sockets of the sandbox's own network namespace (this /proc/net shows only those)."""
-    count = 0
-    for name in ("unix", "tcp", "tcp6", "udp", "udp6"):
-        try:
-            with open(f"/proc/net/{name}", "rb") as f:
-                count += sum(1 for _ in f) - 1  # below a header line
-        except OSError:
-            continue
-    return count
+    """The sockets of the sandbox's own network namespace, of every family. The kernel counts them
+    per namespace (/proc/net/sockstat), so this costs no walk of its socket tables (reading
+    /proc/net/tcp walks the whole host's: ~9 ms on the machine of docs/benchmarks.md)."""
+    with open("/proc/net/sockstat") as f:
+        return next(int(line.split()[2]) for line in f if line.startswith("sockets:"))
 
 
 def socket_buffer_kb() -> int:
@@ -212,7 +237,9 @@ class Supervisor:
         self.model = model  # None in a container we do not run as root in: the model runs as we do
         self.cgroup = cgroup  # fds of the model's cgroup (cgroups.py), or None: we poll memory ourselves
         self.owns_pid_namespace = owns_pid_namespace  # False in a container: we are not its PID 1
-        self.next_memory_check = 0.0  # set when each command starts
+        self.next_memory_check = 0.0  # when over_memory looks next (without a cgroup)
+        self.walked = None  # ({process: faults}, their PSS sum in kB) when it was last summed
+        self.lost = None  # why the session was ended between requests; the next cell says it
         self.oom_kills = cgroups.oom_kills(cgroup) if cgroup else 0
         # Without a cgroup, socket buffers are in no process's PSS: each socket counts as full.
         self.socket_kb = 0 if cgroup or not owns_pid_namespace else socket_buffer_kb()
@@ -228,10 +255,22 @@ class Supervisor:
 
     def serve(self) -> None:
         while True:
+            self.wait_for_request()
             frame = recv_frame(self.channel)
             if frame is None:
                 return  # the host closed the sandbox: exiting as PID 1 kills everything in it
             send_pieces(self.channel, self.answer(frame))
+
+    def wait_for_request(self) -> None:
+        """Between requests a thread the model left running may still fault memory in, and
+        without a cgroup nothing but us bounds it: we keep looking, and past the limit end the
+        session (a fresh interpreter waits, and the next cell says why)."""
+        if self.cgroup or not self.owns_pid_namespace:
+            return
+        while not select.select([self.channel], [], [], self.until_look())[0]:
+            if self.over_memory():
+                self.restart_interpreter()
+                self.lost = f"used more than its {self.limits.memory_mb} MiB of memory"
 
     def answer(self, frame: bytes) -> list:
         """The reply to one host request, as pieces of one frame (a tensor's bytes are not copied).
@@ -323,6 +362,11 @@ class Supervisor:
             cgroups.join(self.cgroup)
             for fd in self.cgroup.values():
                 os.close(fd)
+        elif self.owns_pid_namespace:
+            # Below us in the sandbox's autogroup (its CPU share without a cgroup; other sandboxes
+            # do not see the difference): 64 busy processes of the model's would otherwise get 64
+            # times our CPU, and a look at the memory would take 65 times as long.
+            os.setpriority(os.PRIO_PROCESS, 0, MODEL_NICE)
         if self.model is not None:
             become_model(self.model, self.limits)
         resource.setrlimit(resource.RLIMIT_CPU, self.cpu_limit)
@@ -387,14 +431,13 @@ class Supervisor:
         finally:
             s["control"].settimeout(None)
         watch = [s["control"], s["pidfd"], self.channel]
-        self.next_memory_check = time.monotonic() + MEMORY_POLL  # a quick request never pays for a look
         streams = dict(zip((s["out"], s["err"]), capture)) if capture else {}
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None, None
             readable, pace = paced(streams)
-            ready, _, _ = select.select(watch + readable, [], [], min(left, MEMORY_POLL, pace))
+            ready, _, _ = select.select(watch + readable, [], [], min(left, self.until_look(), pace))
             self.exit_if_deleted(ready)
             for fd, sink in streams.items():
                 read_paced(fd, sink)
@@ -417,41 +460,67 @@ class Supervisor:
             if self.over_memory():
                 return None, f"used more than its {self.limits.memory_mb} MiB of memory"
 
+    def until_look(self) -> float:
+        """How long a wait may last before it must call over_memory."""
+        if self.cgroup or not self.owns_pid_namespace:
+            return MEMORY_POLL  # the cgroup's OOM kill count, or nothing to look at: a steady pace
+        return max(0.0, self.next_memory_check - time.monotonic())
+
     def exit_if_deleted(self, ready: list) -> None:
         if self.channel in ready and not self.channel.recv(1, socket.MSG_PEEK):
             os._exit(0)  # the host deleted the sandbox mid-command
 
     def over_memory(self, now: bool = False) -> bool:
         """Whether the model's processes went past the memory limit. With a cgroup the kernel
-        enforces it and we look at its count of OOM kills; otherwise we sum the processes' PSS
-        (shared pages counted once) and the most their sockets' buffers can hold, once per
-        MEMORY_POLL at most."""
+        enforces it and we look at its count of OOM kills. Otherwise we look when the last look
+        said to (next_look; `now`: at once), at the sum of the processes' PSS (shared pages
+        counted once) and the most their sockets' buffers can hold."""
         if self.cgroup:
             kills = cgroups.oom_kills(self.cgroup)
             over, self.oom_kills = kills > self.oom_kills, kills
             return over
-        t = time.monotonic()
-        if not self.owns_pid_namespace or (t < self.next_memory_check and not now):
+        start = time.monotonic()
+        if not self.owns_pid_namespace or (start < self.next_memory_check and not now):
             return False
-        self.next_memory_check = t + MEMORY_POLL
-        total_kb = self.socket_kb * socket_count()
-        for pid in live_pids():
-            if pid != os.getpid():
-                try:
-                    with open(f"/proc/{pid}/smaps_rollup") as f:
-                        total_kb += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
-                except (OSError, StopIteration, ValueError):
-                    continue  # gone meanwhile
-        return total_kb > self.limits.memory_mb * 1024
+        limit_kb = self.limits.memory_mb * 1024
+        sockets_kb = self.socket_kb * socket_count()
+        used_kb = sockets_kb + self.pss_bound(limit_kb - sockets_kb)
+        end = time.monotonic()
+        # At most half our time goes to looking: the model's processes, below us in their autogroup
+        # (enter_model_side), would otherwise barely run while their sandbox is near its limit.
+        self.next_memory_check = end + max(next_look(limit_kb - used_kb), end - start)
+        return used_kb > limit_kb
+
+    def pss_bound(self, room_kb: int) -> int:
+        """At least the PSS sum of the model's processes, in kB, and the sum itself when it may be
+        over `room_kb`. The sum walks every page table (up to tens of ms), so it is taken again only
+        then; till then the last sum and FAULT_KB per page fault since bound it, as no page comes
+        in without a fault, and no fault brings more (the model's processes have no huge pages,
+        isolation.py; a fork adds none). The walk stops once the sum is past `room_kb`."""
+        faults = {p: n for p, n in live_processes().items() if p[0] != os.getpid()}
+        if self.walked is not None:
+            before, walked_kb = self.walked
+            bound = walked_kb + FAULT_KB * sum(max(0, n - before.get(p, 0)) for p, n in faults.items())
+            if bound <= room_kb:
+                return bound
+        total = 0
+        for pid, _ in faults:
+            total += pss_kb(pid)
+            if total > room_kb:
+                self.walked = None  # a part of the sum: the next look walks again
+                return total
+        self.walked = (faults, total)
+        return total
 
     def drain(self, capture: tuple[Capture, Capture]) -> None:
         for fd, sink in zip((self.interpreter["out"], self.interpreter["err"]), capture):
             read_available(fd, sink)
 
     def exec_cell(self, code: str, limit: float) -> dict:
-        reset = self.interpreter_death()  # it may have died between cells (e.g. the CPU limit)
-        if reset:
+        death = self.interpreter_death()  # it may have died between cells (e.g. the CPU limit)
+        if death:
             self.restart_interpreter()
+        reset, self.lost = self.lost or death, None
         cap = self.limits.output_bytes
         out, err = Capture(cap), Capture(cap)
         request = {"op": "exec", "code": code, "limit": limit}
@@ -644,12 +713,11 @@ class Supervisor:
         for fd in streams:
             os.set_blocking(fd, False)
         deadline = time.monotonic() + timeout
-        self.next_memory_check = time.monotonic() + MEMORY_POLL
         over_memory = False
         while True:
             left = deadline - time.monotonic()
             readable, pace = paced(streams)
-            ready, _, _ = select.select([pidfd, self.channel, *readable], [], [], min(max(left, 0), MEMORY_POLL, pace))
+            ready, _, _ = select.select([pidfd, self.channel, *readable], [], [], min(max(left, 0), self.until_look(), pace))
             self.exit_if_deleted(ready)
             for fd, sink in streams.items():
                 read_paced(fd, sink)
