@@ -5,18 +5,19 @@ sandbox's memory limit: its peak RSS growth (VmHWM) while it reads the interpret
     .venv/bin/python bench/bench_replies.py
 
 Targets (issue 22): a valid read-back of N MiB costs at most 2N + 16 MiB; a hostile reply at most
-64 MiB. Each case runs in a fresh sandbox (the peak is the supervisor's high-water mark).
+64 MiB, which the cap on a tensor's size (MAX_TENSOR_BYTES) keeps for every reply, the largest
+valid one too. Each case runs in a fresh sandbox (the peak is the supervisor's high-water mark).
 """
 
 import asyncio
 
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
-from ptenv.inside.protocol import Limits
+from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
 from tests.support.sandbox import new_box
 
 PATCH_JSON = "import json\nencode = json._default_encoder.encode\njson._default_encoder.encode = lambda o: {} if 'traceback' not in o else encode(o)\n"
-VALID = {f"valid, {n} MiB": (f"result = torch.ones({n << 18})", n) for n in (1, 16, 64)}
+VALID = {f"valid, {n} MiB": (f"result = torch.ones({n << 18})", n) for n in (1, 16, MAX_TENSOR_BYTES >> 20)}
 HOSTILE = {
     "JSON bomb, 40 MB of [[]]": PATCH_JSON.format("'[' + '[[]],' * 8_000_000 + '[]]'") + "result = torch.zeros(2)",
     "nested 10,000 deep": PATCH_JSON.format("'[' * 10000 + ']' * 10000") + "result = torch.zeros(2)",
@@ -26,9 +27,9 @@ HOSTILE = {
                                       "result = torch.zeros(1)",
     # The one kind a supervisor reads whole: bytes of the declared size (any bytes are some float's;
     # a bool's must be 0 or 1, which the host checks), costing what a valid read-back of that size costs.
-    "declares 64 MiB of bool, sends 2s": "import ptenv.inside.codec as codec\n"
-                                         "codec.to_bytes = lambda t: ({'dtype': 'bool', 'shape': [64 << 20]}, bytearray(b'\\2') * (64 << 20))\n"
-                                         "result = torch.zeros(1)",
+    "declares the cap of bool, sends 2s": "import ptenv.inside.codec as codec\n"
+                                          f"codec.to_bytes = lambda t: ({{'dtype': 'bool', 'shape': [{MAX_TENSOR_BYTES}]}}, bytearray(b'\\2') * {MAX_TENSOR_BYTES})\n"
+                                          "result = torch.zeros(1)",
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 from ptenv.inside import cgroups, seccomp
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
-from ptenv.inside.protocol import Limits
+from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
 from ptenv.inside.supervisor import FAULT_RATE_KB, MEMORY_POLL, MIN_POLL, next_look
 from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs, wait_until
 
@@ -264,13 +264,14 @@ READ_BACK_BOUND = 6  # the host's peak RSS growth per read-back, in multiples of
 
 @pytest.mark.slow
 async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
-    await box.cell("result = torch.ones(16 << 20)")  # 64 MiB, the largest result there may be
+    n_mib = MAX_TENSOR_BYTES >> 20  # the largest result there may be
+    await box.cell(f"result = torch.ones({n_mib << 18})")
     for _ in range(2):  # and nothing stays behind: the second costs the same
         with Sampler(rss_mb) as rss:
             answer = await box.result()
-        assert answer.shape == (16 << 20,)
+        assert answer.shape == (n_mib << 18,)
         del answer
-        assert rss.highest - rss.lowest <= READ_BACK_BOUND * 64, (rss.lowest, rss.highest)
+        assert rss.highest - rss.lowest <= READ_BACK_BOUND * n_mib, (rss.lowest, rss.highest)
     # An invalid reply is rebuilt small in the sandbox, whatever the model made of it.
     await box.cell("result = type('\"' * 42_000_000, (), {})()")
     with Sampler(rss_mb) as rss, pytest.raises(ResultError, match="not a torch.Tensor"):

@@ -148,7 +148,7 @@ async def test_result_comes_back_as_a_plain_tensor_or_a_clean_failure(box):
         "result = 3": "result is a int, not a torch.Tensor",
         "result = torch.sort(torch.ones(2))": "result is a torch.return_types.sort, not a torch.Tensor",
         "result = torch.ones(2).to_sparse()": "expected a dense tensor",
-        "result = torch.zeros(17 * 2**20)": "over the 67108864-byte cap",
+        "result = torch.zeros(8 * 2**20 + 1)": "over the 33554432-byte cap",
     }
     for code, reason in failures.items():
         await box.cell(code)

@@ -2,7 +2,8 @@
 
 A tensor is {"dtype": name, "shape": [..], "data": base64 of its raw little-endian bytes}.
 Decoding treats the payload as hostile: known dtypes only, exact byte count, a size cap,
-and never pickle. This file is also mounted into the sandbox, so it imports only torch.
+and never pickle. This file is also mounted into the sandbox, so it imports only torch and the
+protocol (for the cap).
 """
 
 import base64
@@ -11,7 +12,8 @@ import sys
 
 import torch
 
-MAX_BYTES = 64 * 1024 * 1024
+from ptenv.inside.protocol import MAX_TENSOR_BYTES
+
 
 DTYPES = {
     "bool": torch.bool,
@@ -53,8 +55,8 @@ def to_bytes(tensor: torch.Tensor) -> tuple[dict, bytearray]:
     if tensor.dtype not in DTYPE_NAMES:
         raise CodecError(f"unsupported dtype {tensor.dtype}")
     nbytes = tensor.numel() * tensor.element_size()
-    if nbytes > MAX_BYTES:
-        raise CodecError(f"tensor of {nbytes} bytes is over the {MAX_BYTES}-byte cap")
+    if nbytes > MAX_TENSOR_BYTES:
+        raise CodecError(f"tensor of {nbytes} bytes is over the {MAX_TENSOR_BYTES}-byte cap")
     # One copy of the bytes into a buffer we own (bytes(untyped_storage()) goes element by element:
     # 7 s for 1M), without ctypes, which a function task's ban removes from the judge.
     raw = bytearray(nbytes)
@@ -73,8 +75,8 @@ def byte_count(name, shape) -> int:
     count = torch.empty((), dtype=DTYPES[name]).element_size()
     for d in shape:
         count *= d
-        if count > MAX_BYTES:
-            raise CodecError(f"shape {shape} is over the {MAX_BYTES}-byte cap")
+        if count > MAX_TENSOR_BYTES:
+            raise CodecError(f"shape {shape} is over the {MAX_TENSOR_BYTES}-byte cap")
     return count
 
 

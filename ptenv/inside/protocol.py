@@ -15,9 +15,11 @@ import time
 from dataclasses import asdict, dataclass
 
 FRAME = struct.Struct(">Q")
-MAX_RESULT_BYTES = 64 << 20  # the largest tensor `result` may hold (the codec's own cap)
+# The largest tensor the codec carries, an input or `result`. At this size any read-back reply, a
+# hostile one too, costs the supervisor less than 64 MiB (bench/bench_replies.py).
+MAX_TENSOR_BYTES = 32 << 20
 # A result reply carries the tensor's bytes in base64 plus a little JSON around them.
-MAX_RESULT_REPLY = (MAX_RESULT_BYTES + 2) // 3 * 4 + 4096
+MAX_RESULT_REPLY = (MAX_TENSOR_BYTES + 2) // 3 * 4 + 4096
 MAX_FRAME = MAX_RESULT_REPLY + 4096  # a supervisor's reply to the host: one result reply, wrapped
 PIECE = 3 << 20  # raw bytes base64-encoded at a time (a multiple of 3: the pieces' encodings join)
 # A function task's hidden phase (judge.py): at most this many cases per rollout, outputs per call,
