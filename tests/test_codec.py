@@ -95,12 +95,28 @@ def good(**override):
     ({**good(), "extra": 1}, "expected keys ['data', 'dtype', 'shape'], got ['data', 'dtype', 'extra', 'shape']"),
     ([1, 2], "expected keys ['data', 'dtype', 'shape'], got list"),
     ({"dtype": "bool", "shape": [2], "data": base64.b64encode(b"\x01\x02").decode()}, "bool data has bytes other than 0 and 1"),
+    # Empty, but torch could not build it: its other sizes and strides pass 64 bits.
+    (good(shape=[0, 10 ** 50], data=""), "shape [0, 100000000000000000...0000000000000000000] is over the 33554432-byte cap"),
+    (good(shape=[0, 1 << 62, 1 << 62], data=""), "is over the 33554432-byte cap"),
+    (good(shape=[1] * 65, data=""), "shape has 65 dimensions, over the 64 a tensor may have here"),
 ])
 def test_strict_decode_rejects_with_one_line_message(payload, message):
     with pytest.raises(CodecError) as err:
         codec.decode(payload)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.sampled_from(sorted(codec.DTYPES)), st.lists(st.one_of(st.integers(0, 3), st.integers(0)), max_size=70))
+def test_any_shape_decodes_to_a_tensor_of_that_shape_or_is_refused(name, shape):
+    # What a hostile interpreter may declare: torch must never be the one to refuse it.
+    try:
+        nbytes = codec.byte_count(name, shape)
+    except CodecError:
+        return
+    data = base64.b64encode(bytes(nbytes)).decode()
+    assert list(codec.decode({"dtype": name, "shape": shape, "data": data}).shape) == shape
 
 
 def test_over_cap_payload_is_rejected_before_decoding_base64():

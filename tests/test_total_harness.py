@@ -16,7 +16,8 @@ from ptenv.host import rollout
 from ptenv.host.commands import ResultError
 from ptenv.host.local import LocalSandboxClient
 from ptenv.host.transports import CELL_MARGIN
-from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
+from ptenv.inside import codec
+from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_FRAME, MAX_HIDDEN_CASES, MAX_HIDDEN_OUTPUTS, MAX_TENSOR_BYTES, Limits
 from ptenv.host.tool_input import MAX_CHARS, problem
 from ptenv.inside.supervisor import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
 from tests.support.policy_server import MALFORMED_CALLS, serve_in_thread
@@ -210,9 +211,20 @@ async def test_an_undecodable_traceback_is_shown_escaped(box):
 def test_any_interpreter_reply_is_parsed_into_a_bounded_answer(frame):
     doc, nbytes = result_doc(bytearray(frame))
     assert doc["status"] in ("ok", "missing", "invalid") and len(json.dumps(doc)) < SKELETON_CAP
-    assert 0 <= nbytes <= MAX_TENSOR_BYTES and (nbytes == 0 or doc["status"] == "ok")
+    assert (nbytes is None and doc["status"] == "invalid") or 0 <= nbytes <= MAX_TENSOR_BYTES
+    assert nbytes in (0, None) or doc["status"] == "ok"
     status, tb = cell_status(bytearray(frame), 1000)
     assert status in (None, "ok", "error", "timeout") and len(tb) <= 1000 and is_model_text(tb)
+
+
+def test_a_hidden_phase_reply_at_every_cap_fits_one_frame():
+    # Past MAX_FRAME the host would refuse the supervisor's reply: a harness error made by the answer.
+    shape = [1] * (codec.MAX_DIMS - 1) + [HIDDEN_OUTPUT_CAP // 4 * 3 // 16]  # the longest shape of the largest output
+    codec.byte_count("complex128", shape)
+    output = {"dtype": "complex128", "shape": shape, "data": "A" * HIDDEN_OUTPUT_CAP}
+    case = {"status": "ok", "outputs": [output] * MAX_HIDDEN_OUTPUTS}
+    reply = {"id": 1 << 60, "hidden": {"load": None, "protected": True, "cases": [case] * MAX_HIDDEN_CASES}}
+    assert len(json.dumps(reply)) < MAX_FRAME
 
 
 def test_a_reply_that_nests_or_repeats_containers_is_refused_before_it_is_parsed():
@@ -255,6 +267,23 @@ async def test_a_json_bomb_reply_is_an_invalid_answer_at_little_cost(box):
     # Refused by its length: the 40 MB frame is never read, let alone its 16 million lists parsed.
     assert peak_rss_mib(box.supervisor[0]) - before < 8, (before, peak_rss_mib(box.supervisor[0]))
     assert (await box.cell("print('alive')")).stdout == "alive\n"
+
+
+@pytest.mark.slow
+async def test_a_shape_torch_cannot_build_is_an_invalid_answer(box):
+    # Empty by its zero, so no bytes follow; but torch refuses the other sizes on the host, and
+    # that would be the harness failing on the model's answer.
+    for shape, reason in (([0, 10 ** 50], "over the 33554432-byte cap"), ([0, 1 << 62, 1 << 62], "over the 33554432-byte cap"),
+                          ([1] * 5000, "5000 dimensions")):
+        await box.cell("import ptenv.inside.codec as codec\n"
+                       f"codec.to_bytes = lambda t: ({{'dtype': 'float32', 'shape': {shape}}}, bytearray({0 if 0 in shape else 4}))\n"
+                       "result = torch.zeros(1)")
+        with pytest.raises(ResultError, match=reason):
+            await box.result()
+        # Its bytes' frame is not read: the supervisor starts a fresh interpreter, which the next cell finds.
+        assert (await box.cell("print('alive')")).stdout == "alive\n"
+    await box.cell("result = torch.ones(2)")
+    assert (await box.result()).tolist() == [1.0, 1.0]
 
 
 @pytest.mark.slow

@@ -8,11 +8,14 @@ protocol (for the cap).
 
 import base64
 import binascii
+import reprlib
 import sys
 
 import torch
 
 from ptenv.inside.protocol import MAX_TENSOR_BYTES
+
+MAX_DIMS = 64  # sizes in a shape: more than any answer has, and the skeleton of a reply stays small
 
 
 DTYPES = {
@@ -54,9 +57,7 @@ def to_bytes(tensor: torch.Tensor) -> tuple[dict, bytearray]:
         raise CodecError(f"expected a CPU tensor, got device {tensor.device.type}")
     if tensor.dtype not in DTYPE_NAMES:
         raise CodecError(f"unsupported dtype {tensor.dtype}")
-    nbytes = tensor.numel() * tensor.element_size()
-    if nbytes > MAX_TENSOR_BYTES:
-        raise CodecError(f"tensor of {nbytes} bytes is over the {MAX_TENSOR_BYTES}-byte cap")
+    nbytes = byte_count(DTYPE_NAMES[tensor.dtype], list(tensor.shape))  # what the host will accept
     # One copy of the bytes into a buffer we own (bytes(untyped_storage()) goes element by element:
     # 7 s for 1M), without ctypes, which a function task's ban removes from the judge.
     raw = bytearray(nbytes)
@@ -67,16 +68,21 @@ def to_bytes(tensor: torch.Tensor) -> tuple[dict, bytearray]:
 
 def byte_count(name, shape) -> int:
     """The bytes a tensor of dtype `name` and `shape` holds; CodecError if either is not valid or
-    the count is over the cap (checked as it grows, so a hostile shape costs nothing)."""
+    the tensor is over the cap (checked as it grows, so a hostile shape costs nothing). An empty
+    tensor is held to the cap as if its zero sizes were ones: torch cannot build one whose other
+    sizes or strides pass its 64-bit sizes, and no answer needs one."""
     if not isinstance(name, str) or name not in DTYPES:
         raise CodecError(f"unknown dtype {name!r}")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise CodecError(f"shape must be a list of non-negative ints, got {shape!r}")
-    count = torch.empty((), dtype=DTYPES[name]).element_size()
+        raise CodecError(f"shape must be a list of non-negative ints, got {reprlib.repr(shape)}")
+    if len(shape) > MAX_DIMS:
+        raise CodecError(f"shape has {len(shape)} dimensions, over the {MAX_DIMS} a tensor may have here")
+    size = torch.empty((), dtype=DTYPES[name]).element_size()
+    count, span = size, size
     for d in shape:
-        count *= d
-        if count > MAX_TENSOR_BYTES:
-            raise CodecError(f"shape {shape} is over the {MAX_TENSOR_BYTES}-byte cap")
+        count, span = count * d, span * max(d, 1)
+        if span > MAX_TENSOR_BYTES:
+            raise CodecError(f"shape {reprlib.repr(shape)} is over the {MAX_TENSOR_BYTES}-byte cap")
     return count
 
 

@@ -197,12 +197,13 @@ def cell_status(frame, tb_cap: int) -> tuple[str | None, str]:
     return status, cut_middle(model_text(tb), tb_cap)
 
 
-def result_doc(frame: bytearray) -> tuple[dict, int]:
+def result_doc(frame: bytearray) -> tuple[dict, int | None]:
     """The interpreter's reply to `result`, rebuilt from its parts: well formed and bounded whatever
-    the model sent; and, when it is a tensor, the byte count of the frame of raw bytes that follows."""
+    the model sent; and, when it is a tensor, the byte count of the frame of raw bytes that follows.
+    The count is None for a reply the interpreter's code never sends: more of it may follow."""
     doc = bounded_loads(frame)
     if doc is None:
-        return invalid("the interpreter's reply to `result` is not JSON of a result's size and depth"), 0
+        return invalid("the interpreter's reply to `result` is not JSON of a result's size and depth"), None
     status = doc.get("status") if isinstance(doc, dict) else None
     if status == "missing":
         return {"status": "missing"}, 0
@@ -210,11 +211,11 @@ def result_doc(frame: bytearray) -> tuple[dict, int]:
         return invalid(doc["reason"]), 0
     tensor = doc.get("result") if status == "ok" else None
     if not isinstance(tensor, dict) or set(tensor) != {"dtype", "shape"}:
-        return invalid("the interpreter's reply to `result` is malformed"), 0
+        return invalid("the interpreter's reply to `result` is malformed"), None
     try:
         nbytes = codec.byte_count(tensor["dtype"], tensor["shape"])
     except codec.CodecError as e:
-        return invalid(f"the interpreter's reply to `result` is malformed: {e}"), 0
+        return invalid(f"the interpreter's reply to `result` is malformed: {e}"), None
     return {"status": "ok", "result": {"dtype": tensor["dtype"], "shape": tensor["shape"], "data": ""}}, nbytes
 
 
@@ -560,6 +561,8 @@ class Supervisor:
         if frame is None:
             return self.unreadable(failure or "ran past the time limit")
         doc, nbytes = result_doc(frame)
+        if nbytes is None:
+            self.restart_interpreter()  # the rest of a forged reply may still be in the channel
         if doc["status"] != "ok":
             return doc, bytearray()
         try:
