@@ -117,35 +117,34 @@ async def test_socket_buffers_count_against_the_sandbox(box):
     await socket_buffers_stay_within_the_limit(box)
 
 
-@pytest.mark.slow
-async def test_without_a_cgroup_socket_buffers_count_against_the_sandbox(monkeypatch):
-    monkeypatch.setattr(cgroups, "make_client_dirs", lambda name: (_ for _ in ()).throw(cgroups.Unavailable("none")))
-    client = LocalSandboxClient(LIMITS)
-    try:
-        box = await new_box(client)
-        assert client.cgroup_mode.startswith("no cgroup")
-        await socket_buffers_stay_within_the_limit(box)
-    finally:
-        client.teardown()
-
-
-@pytest.mark.slow
-async def test_without_a_cgroup_uncounted_memory_is_denied(monkeypatch):
+@pytest.fixture
+def no_cgroup_client(monkeypatch):
+    """A client on a host where no cgroup can be made: its sandboxes run in the no-cgroup mode."""
     def unavailable(name):
         raise cgroups.Unavailable("none here")
 
     monkeypatch.setattr(cgroups, "make_client_dirs", unavailable)
     client = LocalSandboxClient(LIMITS)
-    try:
-        box = await new_box(client)
-        assert client.cgroup_mode.startswith("no cgroup (none here)")
-        for hog, error in ((MEMFD_HOG, "PermissionError"), (SHM_HOG, f"AssertionError: {errno.EPERM}")):
-            reply = await box.cell(hog)
-            assert reply.status == "error" and error in reply.stderr, reply
-        # No huge pages, asked for or not, and no way to turn them back on; below the supervisor's nice.
-        assert (await box.cell(HUGE_PAGES)).stdout == f"-1 {errno.EPERM}\n0\n19\n"
-    finally:
-        client.teardown()
+    yield client
+    client.teardown()
+
+
+@pytest.mark.slow
+async def test_without_a_cgroup_socket_buffers_count_against_the_sandbox(no_cgroup_client):
+    box = await new_box(no_cgroup_client)
+    assert no_cgroup_client.cgroup_mode.startswith("no cgroup")
+    await socket_buffers_stay_within_the_limit(box)
+
+
+@pytest.mark.slow
+async def test_without_a_cgroup_uncounted_memory_is_denied(no_cgroup_client):
+    box = await new_box(no_cgroup_client)
+    assert no_cgroup_client.cgroup_mode.startswith("no cgroup (none here)")
+    for hog, error in ((MEMFD_HOG, "PermissionError"), (SHM_HOG, f"AssertionError: {errno.EPERM}")):
+        reply = await box.cell(hog)
+        assert reply.status == "error" and error in reply.stderr, reply
+    # No huge pages, asked for or not, and no way to turn them back on; below the supervisor's nice.
+    assert (await box.cell(HUGE_PAGES)).stdout == f"-1 {errno.EPERM}\n0\n19\n"
 
 
 HUGE_PAGES = (
@@ -171,20 +170,15 @@ LATER_HOG = (
 
 
 @pytest.mark.slow
-async def test_without_a_cgroup_memory_is_watched_between_requests(monkeypatch):
-    monkeypatch.setattr(cgroups, "make_client_dirs", lambda name: (_ for _ in ()).throw(cgroups.Unavailable("none")))
-    client = LocalSandboxClient(LIMITS)
-    try:
-        box = await new_box(client)
-        interpreter = box.processes()[1]
-        assert (await box.cell(LATER_HOG)).status == "ok"
-        # The supervisor ends the session while no request runs: the old interpreter goes, a fresh
-        # one waits (unwatched, the processes would hold their memory for 30 s, and it would stay).
-        assert wait_until(lambda: interpreter not in box.processes() and len(box.processes()) == 2, timeout=60)
-        reply = await box.cell("print('alive')")
-        assert reply.stdout == "alive\n" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
-    finally:
-        client.teardown()
+async def test_without_a_cgroup_memory_is_watched_between_requests(no_cgroup_client):
+    box = await new_box(no_cgroup_client)
+    interpreter = box.processes()[1]
+    assert (await box.cell(LATER_HOG)).status == "ok"
+    # The supervisor ends the session while no request runs: the old interpreter goes, a fresh
+    # one waits (unwatched, the processes would hold their memory for 30 s, and it would stay).
+    assert wait_until(lambda: interpreter not in box.processes() and len(box.processes()) == 2, timeout=60)
+    reply = await box.cell("print('alive')")
+    assert reply.stdout == "alive\n" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
 
 
 def test_the_next_look_comes_before_the_headroom_could_be_used_up():
