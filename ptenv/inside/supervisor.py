@@ -238,12 +238,14 @@ class Supervisor:
         self.model = model  # None in a container we do not run as root in: the model runs as we do
         self.cgroup = cgroup  # fds of the model's cgroup (cgroups.py), or None: we poll memory ourselves
         self.owns_pid_namespace = owns_pid_namespace  # False in a container: we are not its PID 1
+        # Without a cgroup, in a sandbox of our own, nothing but our looks bounds its memory.
+        self.looks_at_memory = not cgroup and owns_pid_namespace
         self.next_memory_check = 0.0  # when over_memory looks next (without a cgroup)
         self.walked = None  # ({process: faults}, their PSS sum in kB) when it was last summed
         self.lost = None  # why the session was ended between requests; the next cell says it
         self.oom_kills = cgroups.oom_kills(cgroup) if cgroup else 0
         # Without a cgroup, socket buffers are in no process's PSS: each socket counts as full.
-        self.socket_kb = 0 if cgroup or not owns_pid_namespace else socket_buffer_kb()
+        self.socket_kb = socket_buffer_kb() if self.looks_at_memory else 0
         cpu = max(1, round(limits.cpu_per_cell_limit * limits.cell_timeout))
         self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
         self.env = dict(os.environ)
@@ -266,7 +268,7 @@ class Supervisor:
         """Between requests a thread the model left running may still fault memory in, and
         without a cgroup nothing but us bounds it: we keep looking, and past the limit end the
         session (a fresh interpreter waits, and the next cell says why)."""
-        if self.cgroup or not self.owns_pid_namespace:
+        if not self.looks_at_memory:
             return
         while not select.select([self.channel], [], [], self.until_look())[0]:
             if self.over_memory():
@@ -463,7 +465,7 @@ class Supervisor:
 
     def until_look(self) -> float:
         """How long a wait may last before it must call over_memory."""
-        if self.cgroup or not self.owns_pid_namespace:
+        if not self.looks_at_memory:
             return MEMORY_POLL  # the cgroup's OOM kill count, or nothing to look at: a steady pace
         return max(0.0, self.next_memory_check - time.monotonic())
 
@@ -481,7 +483,7 @@ class Supervisor:
             over, self.oom_kills = kills > self.oom_kills, kills
             return over
         start = time.monotonic()
-        if not self.owns_pid_namespace or (start < self.next_memory_check and not now):
+        if not self.looks_at_memory or (start < self.next_memory_check and not now):
             return False
         limit_kb = self.limits.memory_mb * 1024
         sockets_kb = self.socket_kb * socket_count()
