@@ -45,6 +45,7 @@ from ptenv import inside  # noqa: E402
 from ptenv.host.local import LocalSandboxClient  # noqa: E402
 from ptenv.inside.protocol import Limits  # noqa: E402
 from ptenv.inside.supervisor import FAULT_RATE_KB, MIN_POLL  # noqa: E402
+from ptenv.inside.syscalls import PR_SET_THP_DISABLE, libc  # noqa: E402
 from tests.support.sandbox import new_box  # noqa: E402
 
 BLOCK = 16 << 20
@@ -65,7 +66,7 @@ def kib_field(path: str, name: bytes) -> int:
 def write_blocks(blocks: int, huge: bool, go: int, out: int) -> None:
     """In a child: fresh private anonymous memory, written a block at a time; each block's end time to `out`."""
     if not huge:
-        ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE, as a sandbox without a cgroup has it
+        libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)  # as a sandbox without a cgroup has it
     m = mmap.mmap(-1, blocks * BLOCK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if huge:
         m.madvise(mmap.MADV_HUGEPAGE)
