@@ -28,7 +28,7 @@ import verifiers as vf
 import pytorch_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
 
-from ptenv.host import rollout
+from ptenv.host import assess
 from tests.support import proctree
 from ptenv.host import transports
 from ptenv.host.local import LocalSandboxClient
@@ -148,12 +148,12 @@ class Timed:
             self.records[sandbox_id]["delete"] += time.perf_counter() - start
 
 
-PHASE_OF_OP = {"preload": "preload", "exec": "cell", "result": "read-back"}
+PHASE_OF_OP = {"preload": "preload", "run_cell": "cell", "read_result": "read-back"}
 
 
 def time_grading() -> None:
-    """Time rollout.grade (looked up at call time by rollout.score) into the current rollout's record."""
-    grade = rollout.grade
+    """Time assess.grade (looked up at call time by assess.assess_result) into the current rollout's record."""
+    grade = assess.grade
 
     def timed(answer, expected):
         start = time.perf_counter()
@@ -162,7 +162,7 @@ def time_grading() -> None:
         finally:
             RECORD.get()["grading"] += time.perf_counter() - start
 
-    rollout.grade = timed
+    assess.grade = timed
 
 
 # ---- runs

@@ -1,12 +1,12 @@
-"""The machine CPU a function task's hidden phase costs per rollout, at the default number of cases.
+"""The machine CPU a function task's trial costs per rollout, at the default number of cases.
 
     .venv/bin/python bench/bench_hidden.py [--rounds 3]
 
 For every function family: one sandbox with the example preloaded, then the reference answer's
-hidden phase (ptenv.host.rollout.score_function) `rounds` times; for a family with a ban, also its
-hardest level's hidden phase, ban on, with its honest implementation (`by_hand`, or the reference). CPU is counted where it is spent:
+trial (ptenv.host.assess.assess_function) `rounds` times; for a family with a ban, also its
+hardest level's trial, ban on, with its honest implementation (`by_hand`, or the reference). CPU is counted where it is spent:
 the host process (encoding the cases, parsing the reply, grading) and the sandbox (its supervisor
-and every judge it forked and reaped: utime + stime + cutime + cstime of the supervisor). The
+and every caller it forked and reaped: utime + stime + cutime + cstime of the supervisor). The
 one-time drawing of each task's cases (gated, cached per environment) is printed apart.
 Target (issues 23, 26): at most 100 ms of machine CPU per rollout at the default N, ban on or off.
 """
@@ -19,7 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from ptenv.host import rollout
+from ptenv.host import requests
+from ptenv.host.assess import assess_function
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, LEVELS, HiddenCases
@@ -35,7 +36,7 @@ def own_cpu() -> float:
 
 
 def sandbox_cpu(supervisor_pid: int) -> float:
-    """The supervisor's CPU and that of its reaped children (the judges), in seconds."""
+    """The supervisor's CPU and that of its reaped children (the callers), in seconds."""
     fields = Path(f"/proc/{supervisor_pid}/stat").read_text().rsplit(")", 1)[1].split()
     return sum(int(v) for v in fields[11:15]) / TICK
 
@@ -51,7 +52,7 @@ async def main(rounds: int) -> None:
             cases = hidden.of(family, 0)
             draw_ms = (time.perf_counter() - start) * 1e3
             box = await new_box(client)
-            await rollout.preload(client.call, box.id, family.instance("bench", 0).inputs(), 60, limits)
+            await requests.preload(client.call, box.id, family.instance("bench", 0).inputs(), timeout=60, limits=limits)
             runs = [("", family.reference, None)]
             if family.ban(LEVELS[-1]):
                 runs.append(("ban", family.by_hand, family.ban(LEVELS[-1])))
@@ -59,8 +60,8 @@ async def main(rounds: int) -> None:
                 host, sandbox, wall = [], [], []
                 for _ in range(rounds):
                     h0, s0, w0 = own_cpu(), sandbox_cpu(box.supervisor[0]), time.perf_counter()
-                    outcome = await rollout.score_function(client.call, box.id, source, family.name, cases, ban,
-                                                           limits, False)
+                    outcome = await assess_function(client.call, box.id, source=source, name=family.name, cases=cases,
+                                                    ban=ban, limits=limits, partial_credit=False)
                     host.append(own_cpu() - h0)
                     sandbox.append(sandbox_cpu(box.supervisor[0]) - s0)
                     wall.append(time.perf_counter() - w0)

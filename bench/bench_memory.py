@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ptenv import inside  # noqa: E402
 from ptenv.host.local import LocalSandboxClient  # noqa: E402
 from ptenv.inside.protocol import Limits  # noqa: E402
-from ptenv.inside.supervisor import FAULT_RATE_KB, MIN_POLL  # noqa: E402
+from ptenv.inside.memory import FAULT_RATE_KB, MIN_POLL  # noqa: E402
 from ptenv.inside.syscalls import PR_SET_THP_DISABLE, libc  # noqa: E402
 from tests.support.sandbox import new_box  # noqa: E402
 

@@ -11,7 +11,7 @@ valid one too. Each case runs in a fresh sandbox (the peak is the supervisor's h
 
 import asyncio
 
-from ptenv.host.commands import ResultError
+from ptenv.host.blame import ModelFault
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
 from tests.support.sandbox import new_box
@@ -46,7 +46,7 @@ async def cost(client: LocalSandboxClient, code: str) -> tuple[float, str]:
         before = peak_mib(box.supervisor[0])
         try:
             outcome = f"a tensor of {(await box.result()).numel()} elements"
-        except ResultError as e:
+        except ModelFault as e:
             outcome = f"invalid: {str(e)[:70]}"
         return peak_mib(box.supervisor[0]) - before, outcome
     finally:

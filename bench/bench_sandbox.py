@@ -35,8 +35,9 @@ from prime_sandboxes import CreateSandboxRequest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.support is not installed
 
 from tests.support import proctree
-from ptenv.host.commands import exec_fields, parse_exec_reply
-from ptenv.host.local import LocalSandboxClient, sandbox_command
+from ptenv.host.requests import parse_cell_reply
+from ptenv.host.local import LocalSandboxClient
+from ptenv.host.view import sandbox_command
 
 REQUEST = CreateSandboxRequest(name="bench", docker_image="local")
 WAIT = 60.0  # a request's bound; the sandbox's cell time limit applies first
@@ -58,7 +59,7 @@ def ms(values: list[float]) -> str:
 
 
 async def empty_cell(client: LocalSandboxClient, sandbox_id: str) -> None:
-    reply = parse_exec_reply(await client.call(sandbox_id, "exec", exec_fields(""), WAIT), client.limits)
+    reply = parse_cell_reply(await client.call(sandbox_id, "run_cell", {"code": ""}, WAIT), client.limits)
     assert reply.status == "ok", reply
 
 
@@ -119,10 +120,10 @@ async def idle_pss(client: LocalSandboxClient, n: int) -> tuple[list[float], int
 async def concurrent(client: LocalSandboxClient, n: int) -> tuple[int, float, list[float]]:
     start = time.perf_counter()
     sandboxes = await asyncio.gather(*(client.create(REQUEST) for _ in range(n)))
-    code = exec_fields("x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))")
+    code = {"code": "x = torch.randn(64, 64)\nprint(float((x @ x).sum()) == float((x @ x).sum()))"}
 
     async def answer(sandbox_id: str) -> bool:
-        reply = parse_exec_reply(await client.call(sandbox_id, "exec", code, WAIT), client.limits)
+        reply = parse_cell_reply(await client.call(sandbox_id, "run_cell", code, WAIT), client.limits)
         return reply.status == "ok" and reply.stdout == "True\n"
 
     results = await asyncio.gather(*(answer(s.id) for s in sandboxes), return_exceptions=True)
@@ -136,31 +137,27 @@ async def optimiser_step(client: LocalSandboxClient) -> float:
     sandbox = await client.create(REQUEST)
     code = "m = torch.nn.Linear(8, 1)\nopt = torch.optim.Adam(m.parameters())\nm(torch.ones(8)).sum().backward()\nopt.step()"
     start = time.perf_counter()
-    reply = parse_exec_reply(await client.call(sandbox.id, "exec", exec_fields(code), WAIT), client.limits)
+    reply = parse_cell_reply(await client.call(sandbox.id, "run_cell", {"code": code}, WAIT), client.limits)
     elapsed = time.perf_counter() - start
     assert reply.status == "ok", reply
     await client.delete(sandbox.id)
     return elapsed
 
 
-CPU_WORK = exec_fields(
-    "import time\nstart = time.perf_counter()\nx = 0\nfor i in range(5_000_000):\n    x += i\n"
-    "print(time.perf_counter() - start)"
-)
+CPU_WORK = {"code": "import time\nstart = time.perf_counter()\nx = 0\nfor i in range(5_000_000):\n    x += i\n"
+                    "print(time.perf_counter() - start)"}
 # Matrix products release the GIL: 8 threads keep 8 CPUs busy (a pure-Python spin would keep one).
-BUSY_THREADS = exec_fields(
-    "import threading\ndef spin():\n    x = torch.randn(256, 256)\n    while True:\n        x @ x\n"
-    "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
-)
+BUSY_THREADS = {"code": "import threading\ndef spin():\n    x = torch.randn(256, 256)\n    while True:\n        x @ x\n"
+                        "for _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"}
 
 
 # Writing as fast as it can: its supervisor reads and counts every byte (output_bytes are kept).
-FLOOD = exec_fields("import os\nwhile True:\n    os.write(1, b'x' * 65536)\n")
+FLOOD = {"code": "import os\nwhile True:\n    os.write(1, b'x' * 65536)\n"}
 
 
 async def cpu_work_time(client: LocalSandboxClient, sandbox_id: str, n: int) -> float:
     """Median seconds of n CPU-bound cells."""
-    replies = [parse_exec_reply(await client.call(sandbox_id, "exec", CPU_WORK, WAIT), client.limits) for _ in range(n)]
+    replies = [parse_cell_reply(await client.call(sandbox_id, "run_cell", CPU_WORK, WAIT), client.limits) for _ in range(n)]
     return statistics.median(float(r.stdout) for r in replies)
 
 
@@ -169,7 +166,7 @@ async def cpu_share(client: LocalSandboxClient, n: int) -> tuple[float, float]:
     probe = await client.create(REQUEST)
     alone = await cpu_work_time(client, probe.id, n)
     neighbour = await client.create(REQUEST)
-    reply = parse_exec_reply(await client.call(neighbour.id, "exec", BUSY_THREADS, WAIT), client.limits)
+    reply = parse_cell_reply(await client.call(neighbour.id, "run_cell", BUSY_THREADS, WAIT), client.limits)
     assert reply.status == "ok", reply
     loaded = await cpu_work_time(client, probe.id, n)
     await client.bulk_delete([probe.id, neighbour.id])
@@ -182,7 +179,7 @@ async def flood_share(client: LocalSandboxClient, n: int) -> tuple[float, float]
     probe = await client.create(REQUEST)
     alone = await cpu_work_time(client, probe.id, n)
     neighbours = [await client.create(REQUEST) for _ in range(3)]
-    floods = [asyncio.create_task(client.call(s.id, "exec", FLOOD, WAIT)) for s in neighbours]
+    floods = [asyncio.create_task(client.call(s.id, "run_cell", FLOOD, WAIT)) for s in neighbours]
     await asyncio.sleep(1.0)
     loaded = await cpu_work_time(client, probe.id, n)
     for flood in floods:

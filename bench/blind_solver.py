@@ -21,7 +21,8 @@ from pathlib import Path
 
 from prime_sandboxes import CreateSandboxRequest
 
-from ptenv.host import rollout
+from ptenv.host import requests
+from ptenv.host.assess import assess_function, assess_result
 from ptenv.tasks.rows import parse_row
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host.local import LocalSandboxClient
@@ -67,15 +68,15 @@ async def run(task: dict, code: str, grade: bool):
     client = LocalSandboxClient()
     try:
         sandbox = await client.create(REQUEST)
-        await rollout.preload(client.call, sandbox.id, row.inputs, TIMEOUT, client.limits)
+        await requests.preload(client.call, sandbox.id, row.inputs, timeout=TIMEOUT, limits=client.limits)
         if row.kind == "function" and grade:
             family = find_family(row.family)[1]
             cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(family, row.seed)
-            outcome = await rollout.score_function(client.call, sandbox.id, code, row.function, cases,
-                                                   family.ban(row.level), client.limits, partial_credit=False)
+            outcome = await assess_function(client.call, sandbox.id, source=code, name=row.function, cases=cases,
+                                            ban=family.ban(row.level), limits=client.limits, partial_credit=False)
             return "", outcome
-        reply = await rollout.run_cell(client.call, sandbox.id, code, TIMEOUT, client.limits)
-        outcome = await rollout.score(client.call, sandbox.id, row.expected, TIMEOUT) if grade else None
+        reply = await requests.run_cell(client.call, sandbox.id, code, timeout=TIMEOUT, limits=client.limits)
+        outcome = await assess_result(client.call, sandbox.id, expected=row.expected, timeout=TIMEOUT) if grade else None
     finally:
         client.teardown()
     return reply, outcome

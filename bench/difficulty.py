@@ -84,6 +84,10 @@ def drop_stale(results: Path, rows: list[dict]) -> None:
         results.write_text("".join(kept))
 
 
+def outcome(verdict: dict) -> str | None:
+    return verdict.get("outcome", verdict.get("kind"))  # runs saved before 0.5.0 call it `kind`
+
+
 def summarise(rollouts: list[dict]) -> dict:
     by_prompt = defaultdict(list)
     for r in rollouts:
@@ -92,7 +96,7 @@ def summarise(rollouts: list[dict]) -> dict:
         "prompts": len(by_prompt),
         "rollouts": len(rollouts),
         "pass@1": sum(r["reward"] for r in rollouts) / len(rollouts),
-        "all_pass": sum(r.get("verdict", {}).get("kind") == "pass" for r in rollouts) / len(rollouts),
+        "all_pass": sum(outcome(r.get("verdict", {})) == "pass" for r in rollouts) / len(rollouts),
         "all_same": sum(len(set(rewards)) == 1 for rewards in by_prompt.values()) / len(by_prompt),
         "scoring_error": sum(r.get("scoring_error") is not None for r in rollouts),
     }

@@ -17,25 +17,25 @@ RTOL = 1e-5
 ATOL = 1e-7
 
 
-# What a verdict is about, one per way it can end; the report counts these, and `reason` says more.
-Kind = Literal[
+# How a verdict ends, one per way; the report counts these, and `reason` says more.
+Outcome = Literal[
     "pass",
     "no_result",  # no `result` was set
     "invalid_result",  # not a plain dense CPU tensor the codec can carry (told here or by the sandbox)
     "shape",  # the shape is wrong (the dtype may be too)
     "dtype",  # the shape is right, the dtype family is not
     "values",  # shape and dtype family right; some values differ, beyond tolerance, NaN or infinite
-    "not_graded",  # the harness failed before the answer could be read (ptenv.host.rollout)
+    "not_graded",  # the harness failed before the answer could be read (ptenv.host.blame.HarnessFault)
     "error",  # a function task's function raised, could not be loaded, or its process died
     "timeout",  # a function task's function ran past its time limit on a hidden case
 ]
-KINDS: tuple[str, ...] = get_args(Kind)
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     score: float
-    kind: Kind
+    outcome: Outcome
     result_present: bool
     shape_match: bool
     dtype_match: bool
@@ -43,8 +43,20 @@ class Verdict:
     reason: str  # one line for a person
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown verdict kind {self.kind!r}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"unknown verdict outcome {self.outcome!r}")
+
+    @classmethod
+    def passed(cls, reason: str = "match") -> "Verdict":
+        return cls(score=1.0, outcome="pass", result_present=True, shape_match=True, dtype_match=True,
+                   values_match=True, reason=reason)
+
+    @classmethod
+    def failed(cls, outcome: Outcome, reason: str, *, result_present: bool, shape_match: bool = False,
+               dtype_match: bool = False, score: float = 0.0) -> "Verdict":
+        """A verdict short of a pass; `score` is 0.0 but for partial credit."""
+        return cls(score=score, outcome=outcome, result_present=result_present, shape_match=shape_match,
+                   dtype_match=dtype_match, values_match=False, reason=reason)
 
 
 def dtype_family(dtype: torch.dtype) -> str:
@@ -67,7 +79,7 @@ def grade(answer, expected: torch.Tensor) -> Verdict:
             or dtype_family(expected.dtype) not in ("bool", "integer", "floating"):
         raise ValueError(f"expected must be a real-valued dense CPU torch.Tensor, got {_describe(expected)}")
     if answer is None:
-        return Verdict(0.0, "no_result", False, False, False, False, "no result")
+        return Verdict.failed("no_result", "no result", result_present=False)
     if type(answer) is not torch.Tensor:
         return invalid_result(f"result is {_describe(answer)}, not a plain torch.Tensor")
     if answer.is_nested or answer.layout != torch.strided or answer.device.type != "cpu":
@@ -83,11 +95,12 @@ def grade(answer, expected: torch.Tensor) -> Verdict:
         problems.append(f"dtype {answer.dtype} ({dtype_family(answer.dtype)}) is not in the expected "
                         f"{dtype_family(expected.dtype)} family")
     if problems:
-        return Verdict(0.0, "dtype" if shape_ok else "shape", True, shape_ok, dtype_ok, False, "; ".join(problems))
+        return Verdict.failed("dtype" if shape_ok else "shape", "; ".join(problems), result_present=True,
+                              shape_match=shape_ok, dtype_match=dtype_ok)
     problem = _value_mismatch(answer.detach(), expected)
     if problem:
-        return Verdict(0.0, "values", True, True, True, False, problem)
-    return Verdict(1.0, "pass", True, True, True, True, "match")
+        return Verdict.failed("values", problem, result_present=True, shape_match=True, dtype_match=True)
+    return Verdict.passed()
 
 
 def _value_mismatch(answer: torch.Tensor, expected: torch.Tensor) -> str | None:
@@ -147,21 +160,22 @@ def _describe(obj) -> str:
 
 def invalid_result(reason: str) -> Verdict:
     """A `result` that is there but is not an answer that can be compared."""
-    return Verdict(0.0, "invalid_result", True, False, False, False, reason)
+    return Verdict.failed("invalid_result", reason, result_present=True)
 
 
 def grade_outputs(answer: list, expected: list[torch.Tensor]) -> Verdict:
     """The function's outputs (a tensor, or a tuple of them) against the reference's. Unlike a
     `result`, each must have the reference's exact dtype: the contract states it."""
     if len(answer) != len(expected):
-        return Verdict(0.0, "shape", True, False, False, False,
-                       f"returned {len(answer)} tensor(s), the contract asks for {len(expected)}")
+        return Verdict.failed("shape", f"returned {len(answer)} tensor(s), the contract asks for {len(expected)}",
+                              result_present=True)
     for i, (a, e) in enumerate(zip(answer, expected)):
         verdict = grade(a, e)
         where = f"output {i}: " if len(expected) > 1 else ""
         if verdict.score == 1.0 and a.dtype != e.dtype:
-            verdict = Verdict(0.0, "dtype", True, True, False, False, f"dtype {a.dtype} != expected {e.dtype}")
+            verdict = Verdict.failed("dtype", f"dtype {a.dtype} != expected {e.dtype}", result_present=True,
+                                     shape_match=True)
         if verdict.score != 1.0:
-            return Verdict(0.0, verdict.kind, True, verdict.shape_match, verdict.dtype_match, False,
-                           where + verdict.reason)
-    return Verdict(1.0, "pass", True, True, True, True, "match")
+            return Verdict.failed(verdict.outcome, where + verdict.reason, result_present=True,
+                                  shape_match=verdict.shape_match, dtype_match=verdict.dtype_match)
+    return Verdict.passed()

@@ -4,7 +4,7 @@ Closed: with the family's ban installed, the op search (tests/support/op_search.
 that computes its contract, or one mode of it, whole; the search and the ban run in a child process,
 since the ban changes process-global state for good. Fair: an honest implementation (the reference,
 or its `by_hand` reimplementation where the reference calls a banned op or autograd) passes every
-hidden case in a real sandbox judge under the ban, while the reference that calls a banned op fails
+hidden case in a real sandbox's caller under the ban, while the reference that calls a banned op fails
 with a reason that names the ban."""
 
 import re
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptenv.host import rollout
+from ptenv.host.assess import assess_function
 from ptenv.tasks.functions import HiddenCases
 from ptenv.tasks.tiers import FUNCTION_TIERS
 from tests.support import op_search
@@ -25,7 +25,7 @@ FAMILIES = [family for members in FUNCTION_TIERS.values() for family in members]
 BANNED = [f for f in FAMILIES if f.banned]
 HELD = [f for f in FAMILIES if f.banned or f.own_gradient]
 CASES = HiddenCases("test-ban", 8)
-NAMES_THE_BAN = "is banned in this task's hidden phase"
+NAMES_THE_BAN = "is banned in this task's trial"
 THREAT_MODEL = Path(__file__).parent.parent / "docs" / "threat-model.md"
 
 
@@ -54,7 +54,7 @@ cases = [(name, args, as_outputs(call(family.reference, family.name, args))) for
 autograd = not family.own_gradient
 ban.remove(tuple(family.banned), autograd=autograd)
 with open("/proc/self/mem", "r+b", buffering=0) as memory:
-    ban.seal(memory, autograd)  # as the judge does: ctypes (and autograd for a backward) trap from here
+    ban.seal(memory, autograd)  # as the caller does: ctypes (and autograd for a backward) trap from here
 for name, args, expected in cases:
     print(name, grade_outputs(as_outputs(call(source, family.name, args)), expected).reason)
 """
@@ -62,7 +62,7 @@ for name, args, expected in cases:
 
 @pytest.mark.parametrize("family", HELD, ids=lambda f: f.id)
 def test_the_honest_implementation_runs_under_the_ban_on_the_host(family):
-    """The quick check of what the sandbox test below runs in a judge: in a child process with the
+    """The quick check of what the sandbox test below runs in a caller: in a child process with the
     ban installed and sealed, the honest implementation matches the reference on 8 cases."""
     reply = subprocess.run([sys.executable, "-c", UNDER_THE_BAN, family.id], capture_output=True, text=True,
                            timeout=240)
@@ -117,13 +117,13 @@ async def test_an_honest_implementation_passes_every_hidden_case_under_the_ban(b
     failures = []
     for family in HELD:
         cases = CASES.of(family, 5)
-        outcome = await rollout.score_function(box.client.call, box.id, family.by_hand, family.name, cases,
-                                               family.ban(2), box.client.limits, False)
+        outcome = await assess_function(box.client.call, box.id, source=family.by_hand, name=family.name, cases=cases,
+                                        ban=family.ban(2), limits=box.client.limits, partial_credit=False)
         if (outcome.verdict.score, outcome.scoring_error) != (1.0, None):
             failures.append(f"{family.id}: {outcome.verdict.reason} {outcome.scoring_error}")
         if "by_hand" in family.also_correct:
-            outcome = await rollout.score_function(box.client.call, box.id, family.reference, family.name, cases,
-                                                   family.ban(2), box.client.limits, False)
+            outcome = await assess_function(box.client.call, box.id, source=family.reference, name=family.name, cases=cases,
+                                            ban=family.ban(2), limits=box.client.limits, partial_credit=False)
             if outcome.verdict.score != 0.0 or NAMES_THE_BAN not in outcome.verdict.reason:
                 failures.append(f"{family.id}: the reference under the ban: {outcome.verdict.reason}")
     assert not failures, "\n".join(failures)

@@ -2,14 +2,15 @@
 of tests/support/ban_answers.py, at the hardest level of GRID_SAMPLE and LAYER_NORM_BACKWARD, fails
 its hidden cases with a reason that names the ban, as the model's failure (never a scoring error);
 the honest controls pass under the same ban; and at level 1 (no ban) the op itself passes. In a
-real sandbox, several hidden phases to a sandbox; then through the real classic vf-eval (the 0.4
+real sandbox, several trials to a sandbox; then through the real classic vf-eval (the 0.4
 line's run is in tests/test_v1_env.py)."""
 
 import json
 
 import pytest
 
-from ptenv.host import answer, rollout
+from ptenv.host import answer, requests
+from ptenv.host.assess import assess_function
 from ptenv.tasks import tiers
 from ptenv.tasks.functions import HiddenCases
 from tests.support import ban_answers
@@ -21,13 +22,13 @@ CASES = HiddenCases("ban-test-secret", 8)
 SEED = 3
 
 
-async def hidden_phase(box, key: str, source: str, level: int):
+async def trial(box, key: str, source: str, level: int):
     family = FAMILIES[key]
     instance = family.instance("expert", SEED, level)
-    await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
+    await requests.preload(box.client.call, box.id, instance.inputs(), timeout=60, limits=box.client.limits)
     found = answer.function_source(f"```python\n{source}```", family.name)
-    return await rollout.score_function(box.client.call, box.id, found, family.name, CASES.of(family, SEED),
-                                        family.ban(level), box.client.limits, False)
+    return await assess_function(box.client.call, box.id, source=found, name=family.name, cases=CASES.of(family, SEED),
+                                 ban=family.ban(level), limits=box.client.limits, partial_credit=False)
 
 
 def miss(name: str, outcome) -> str | None:
@@ -44,7 +45,7 @@ def miss(name: str, outcome) -> str | None:
 async def test_every_way_around_the_ban_fails_naming_it(box):
     misses = []
     for name, (key, _, source) in ANSWERS.items():
-        outcome = await hidden_phase(box, key, source, 2)
+        outcome = await trial(box, key, source, 2)
         print(f"{name}: {outcome.verdict.score} {outcome.verdict.reason}")
         if (why := miss(name, outcome)) is not None:
             misses.append(why)
@@ -56,12 +57,12 @@ async def test_every_way_around_the_ban_fails_naming_it(box):
 @pytest.mark.rootless
 async def test_honest_answers_pass_under_the_ban_and_the_op_passes_without_it(box):
     for name, (key, _, source) in HONEST.items():
-        outcome = await hidden_phase(box, key, source, 2)
+        outcome = await trial(box, key, source, 2)
         assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
     for name, (key, _, source) in LEVEL_1.items():
-        outcome = await hidden_phase(box, key, source, 1)  # the ban is the hardest level's only
+        outcome = await trial(box, key, source, 1)  # the ban is the hardest level's only
         assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
-        outcome = await hidden_phase(box, key, source, 2)
+        outcome = await trial(box, key, source, 2)
         assert outcome.verdict.score == 0.0 and "banned" in outcome.verdict.reason, (name, outcome.verdict.reason)
 
 

@@ -23,7 +23,6 @@ from prime_sandboxes import CommandTimeoutError
 import pytorch_env
 from tests.support import proctree
 from tests.support.policy_server import POLICIES, reference_policy
-from ptenv.host.commands import ProtocolError
 from tests.support.sandbox import wait_until
 from tests.support.vf_eval import eval_command, leftover_sandboxes
 
@@ -140,7 +139,7 @@ class CorruptingTransport:
 
     async def call(self, sandbox_id, op, fields, timeout):
         reply = await self.transport.call(sandbox_id, op, fields, timeout)
-        return self.corrupt(reply) if op == "result" else reply
+        return self.corrupt(reply) if op == "read_result" else reply
 
 
 def doc(value):
@@ -157,7 +156,7 @@ def timed_out(reply):
 
 
 def failed(reply):
-    raise ProtocolError("`ptenv-session result` exited with 1: ptenv-session: crashed")
+    raise RuntimeError("`ptenv-request read_result` exited with 1: ptenv-request: crashed")
 
 
 INVALID_ANSWERS = {
@@ -169,7 +168,7 @@ INVALID_ANSWERS = {
     "not a document": (doc(["status", "ok"]), "result reply is malformed"),
 }
 HARNESS_ERRORS = {
-    "a failed request": (failed, "`ptenv-session result` exited with 1: ptenv-session: crashed"),
+    "a failed request": (failed, "`ptenv-request read_result` exited with 1: ptenv-request: crashed"),
     "a timeout": (timed_out, "reading result back failed: CommandTimeoutError"),
 }
 

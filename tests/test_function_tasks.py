@@ -1,4 +1,4 @@
-"""Function tasks end to end: the answer rule, the hidden-phase reply parser and verdict, the hidden
+"""Function tasks end to end: the answer rule, the trial's reply parser and verdict, the hidden
 phase in a real sandbox (the reference passes, each wrong implementation fails with a reason, every
 hostile answer scores 0.0 as the model's, never as a harness error), and the real vf-eval CLI."""
 
@@ -8,8 +8,10 @@ import json
 import pytest
 import torch
 
-from ptenv.host import answer, hidden, rollout
-from ptenv.host.commands import ReplyError
+from ptenv.host import answer, requests
+from ptenv.host.assess import assess_function, trial_verdict
+from ptenv.host.requests import CaseResult, parse_trial_reply
+from ptenv.host.blame import HarnessFault
 from ptenv.inside import codec
 from ptenv.tasks import tiers
 from ptenv.tasks.fn_intermediate import MASKED_SOFTMAX, SEGMENT_MEAN
@@ -72,54 +74,54 @@ def ok(*tensors):
 
 
 def test_the_reply_parser_takes_only_the_protocol():
-    results, protected = hidden.parse_reply({"load": None, "protected": True, "cases": [ok(torch.ones(2))]}, 1)
+    results, protected = parse_trial_reply({"load": None, "protected": True, "cases": [ok(torch.ones(2))]}, 1)
     assert protected and torch.equal(results[0].outputs[0], torch.ones(2))
-    loaded = hidden.parse_reply({"load": "SyntaxError: x", "protected": True, "cases": []}, 3)[0]
+    loaded = parse_trial_reply({"load": "SyntaxError: x", "protected": True, "cases": []}, 3)[0]
     assert [r.status for r in loaded] == ["error"] * 3 and "could not be loaded" in loaded[0].reason
     bad_tensor = {"status": "ok", "outputs": [{"dtype": "float32", "shape": [3], "data": "AAAA"}]}
-    assert hidden.parse_reply({"load": None, "protected": False, "cases": [bad_tensor]}, 1)[0][0].status == "invalid"
+    assert parse_trial_reply({"load": None, "protected": False, "cases": [bad_tensor]}, 1)[0][0].status == "invalid"
     for doc in ({}, {"load": None, "protected": True, "cases": []},
                 {"load": None, "protected": True, "cases": [{"status": "ok", "outputs": []}]},
                 {"load": None, "protected": "yes", "cases": [ok(torch.ones(1))]}, [1]):
-        with pytest.raises(ReplyError):
-            hidden.parse_reply(doc, 1)
+        with pytest.raises(HarnessFault):
+            parse_trial_reply(doc, 1)
 
 
 def test_the_verdict_names_the_first_failing_case_and_counts_the_passes():
     expected = [[torch.ones(2)], [torch.zeros(3, dtype=torch.float64)], [torch.ones(1)]]
-    results = [hidden.CaseResult([torch.ones(2)], "ok", ""), hidden.CaseResult([torch.zeros(3)], "ok", ""),
-               hidden.CaseResult(None, "timeout", "ran past the 5 s limit")]
-    verdict, fraction = hidden.verdict(results, ["typical", "float64 input", "big"], expected, partial_credit=False)
-    assert (verdict.score, verdict.kind, fraction) == (0.0, "dtype", pytest.approx(1 / 3))
+    results = [CaseResult([torch.ones(2)], "ok", ""), CaseResult([torch.zeros(3)], "ok", ""),
+               CaseResult(None, "timeout", "ran past the 5 s limit")]
+    verdict, fraction = trial_verdict(results, ["typical", "float64 input", "big"], expected, partial_credit=False)
+    assert (verdict.score, verdict.outcome, fraction) == (0.0, "dtype", pytest.approx(1 / 3))
     assert verdict.reason.startswith("hidden case 2 of 3 (float64 input) failed: dtype torch.float32")
-    partial, _ = hidden.verdict(results, ["typical", "float64 input", "big"], expected, partial_credit=True)
+    partial, _ = trial_verdict(results, ["typical", "float64 input", "big"], expected, partial_credit=True)
     assert partial.score == pytest.approx(1 / 3)
-    right = [hidden.CaseResult(e, "ok", "") for e in expected]
-    assert hidden.verdict(right, ["a", "b", "c"], expected, partial_credit=False)[0].score == 1.0
+    right = [CaseResult(e, "ok", "") for e in expected]
+    assert trial_verdict(right, ["a", "b", "c"], expected, partial_credit=False)[0].score == 1.0
 
 
-# --- the hidden phase in a real sandbox ----------------------------------------------------------
+# --- the trial in a real sandbox ----------------------------------------------------------
 
 CASES = HiddenCases("test-secret", 8)
 
 
-async def hidden_phase(box, family, source, partial_credit=False, level=1):
+async def trial(box, family, source, partial_credit=False, level=1):
     instance = family.instance("intermediate", 3)
-    await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
-    return await rollout.score_function(box.client.call, box.id, source, family.name, CASES.of(family, 3),
-                                        family.ban(level), box.client.limits, partial_credit)
+    await requests.preload(box.client.call, box.id, instance.inputs(), timeout=60, limits=box.client.limits)
+    return await assess_function(box.client.call, box.id, source=source, name=family.name, cases=CASES.of(family, 3),
+                                 ban=family.ban(level), limits=box.client.limits, partial_credit=partial_credit)
 
 
 @pytest.mark.slow
 @pytest.mark.rootless
 @pytest.mark.parametrize("family", [SEGMENT_MEAN, MASKED_SOFTMAX], ids=lambda f: f.id)
 async def test_the_reference_passes_and_each_wrong_implementation_fails_with_its_case(box, family):
-    outcome = await hidden_phase(box, family, family.reference)
+    outcome = await trial(box, family, family.reference)
     assert (outcome.verdict.score, outcome.hidden_pass_fraction, outcome.scoring_error) == (1.0, 1.0, None)
     assert outcome.verdict.reason == "all 8 hidden cases pass"
     names = {c.name for c in family.cases}
     for wrong, source in family.wrong.items():
-        outcome = await hidden_phase(box, family, source, partial_credit=True)
+        outcome = await trial(box, family, source, partial_credit=True)
         assert outcome.scoring_error is None, wrong
         assert outcome.verdict.score == outcome.hidden_pass_fraction < 1.0, wrong
         assert any(f"({name}) failed" in outcome.verdict.reason for name in names), outcome.verdict.reason
@@ -132,7 +134,7 @@ async def test_the_reference_passes_and_each_wrong_implementation_fails_with_its
 async def test_a_hostile_answer_scores_zero_as_the_models_failure(box, trick):
     source = {**ANSWERS, **DIRECT_ONLY}[trick].replace("{name}", SEGMENT_MEAN.name)
     found = answer.function_source(f"```python\n{source}```", SEGMENT_MEAN.name)
-    outcome = await hidden_phase(box, SEGMENT_MEAN, found)
+    outcome = await trial(box, SEGMENT_MEAN, found)
     assert outcome.scoring_error is None
     assert outcome.verdict.score == 0.0 and outcome.hidden_pass_fraction == 0.0
     assert any(reason in outcome.verdict.reason for reason in REASONS[trick]), outcome.verdict.reason
@@ -206,12 +208,12 @@ async def test_nothing_the_model_leaves_running_sees_the_hidden_inputs(box):
     inputs enter the sandbox, and nothing it wrote holds their bytes. (What a cell starts as a
     process is swept when the cell ends; a thread of the session lives on until the session does.)"""
     instance = SEGMENT_MEAN.instance("intermediate", 3)
-    await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
+    await requests.preload(box.client.call, box.id, instance.inputs(), timeout=60, limits=box.client.limits)
     reply = await box.cell(DUMPER)
     session = int(reply.stdout.split()[-1])
     cases = CASES.of(SEGMENT_MEAN, 3)
-    outcome = await rollout.score_function(box.client.call, box.id, SEGMENT_MEAN.reference, SEGMENT_MEAN.name, cases,
-                                           None, box.client.limits, False)
+    outcome = await assess_function(box.client.call, box.id, source=SEGMENT_MEAN.reference, name=SEGMENT_MEAN.name, cases=cases,
+                                    ban=None, limits=box.client.limits, partial_credit=False)
     assert outcome.verdict.score == 1.0
     gone = await box.cell(f"import os\ntry:\n    os.kill({session}, 0)\n    print('alive')\nexcept ProcessLookupError:\n"
                           f"    print('gone')\nprint(os.path.getsize('/tmp/dump'))")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from ptenv.grader import ATOL, KINDS, RTOL, Verdict, grade
+from ptenv.grader import ATOL, OUTCOMES, RTOL, Verdict, grade
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -38,7 +38,7 @@ def flat_index(draw, t):
 @settings(max_examples=150, deadline=None)
 @given(references())
 def test_reference_passes_itself_and_a_non_contiguous_copy(e):
-    assert grade(e.clone(), e) == Verdict(1.0, "pass", True, True, True, True, "match")
+    assert grade(e.clone(), e) == Verdict.passed("match")
     if e.dim() >= 2:
         assert grade(e.T.contiguous().T, e).score == 1.0
 
@@ -55,7 +55,7 @@ def test_float_tolerance_is_atol_plus_rtol_times_expected(e, data):
     answer[i] += sign * 2 * tol
     verdict = grade(answer.reshape(e.shape), e)
     assert verdict.score == 0.0 and verdict.shape_match and verdict.dtype_match and not verdict.values_match
-    assert verdict.kind == "values" and verdict.reason.startswith("values: 1 of ")
+    assert verdict.outcome == "values" and verdict.reason.startswith("values: 1 of ")
     assert "beyond tolerance" in verdict.reason
     assert verdict.reason.endswith(f"(up to {ATOL:g} + {RTOL:g} * |expected| allowed)")
 
@@ -67,7 +67,7 @@ def test_one_changed_int_or_bool_element_fails(e, data):
     answer = e.clone().reshape(-1)
     answer[i] = ~answer[i] if e.dtype == torch.bool else answer[i] + (1 if answer[i] < 100 else -1)
     verdict = grade(answer.reshape(e.shape), e)
-    assert verdict.score == 0.0 and verdict.kind == "values" and verdict.reason.startswith("values: 1 of ")
+    assert verdict.score == 0.0 and verdict.outcome == "values" and verdict.reason.startswith("values: 1 of ")
     assert verdict.reason.endswith("(none allowed)" if e.dtype == torch.bool else "(up to 0 allowed)")
 
 
@@ -84,7 +84,7 @@ def test_broadcast_compatible_wrong_shapes_fail(e, how):
              "first": lambda: e.reshape(-1)[:1], "flatten": lambda: e.reshape(-1)}[how]()
     assume(wrong.shape != e.shape)
     verdict = grade(wrong, e)
-    assert verdict.score == 0.0 and not verdict.shape_match and verdict.kind == "shape"
+    assert verdict.score == 0.0 and not verdict.shape_match and verdict.outcome == "shape"
     assert verdict.reason.startswith(f"shape {tuple(wrong.shape)} != expected {tuple(e.shape)}")
 
 
@@ -93,7 +93,7 @@ def test_broadcast_compatible_wrong_shapes_fail(e, how):
 def test_int_reference_rejects_float_answer_with_equal_values(e, float_dtype):
     verdict = grade(e.to(float_dtype), e)
     assert verdict.score == 0.0 and verdict.shape_match and not verdict.dtype_match
-    assert verdict.kind == "dtype" and "integer family" in verdict.reason
+    assert verdict.outcome == "dtype" and "integer family" in verdict.reason
 
 
 @settings(max_examples=50, deadline=None)
@@ -115,7 +115,7 @@ def test_nan_and_inf_answers_fail(e, bad, data):
     answer = e.clone().reshape(-1)
     answer[flat_index(data.draw, e)] = bad
     verdict = grade(answer.reshape(e.shape), e)
-    assert verdict.score == 0.0 and verdict.kind == "values"
+    assert verdict.score == 0.0 and verdict.outcome == "values"
     assert ("NaN" if math.isnan(bad) else "infinite") in verdict.reason
 
 
@@ -143,7 +143,7 @@ class Liar(torch.Tensor):
 ])
 def test_non_tensors_and_unusual_tensors_score_zero(answer, kind, reason):
     verdict = grade(answer, torch.tensor([1.0, 2.0]))
-    assert verdict.score == 0.0 and verdict.kind == kind and reason in verdict.reason
+    assert verdict.score == 0.0 and verdict.outcome == kind and reason in verdict.reason
     assert verdict.result_present == (answer is not None)
 
 
@@ -151,7 +151,7 @@ def test_storage_shrunk_under_the_answer_scores_zero():
     answer = torch.tensor([1.0, 2.0])
     answer.untyped_storage().resize_(0)
     verdict = grade(answer, torch.tensor([1.0, 2.0]))
-    assert verdict.score == 0.0 and verdict.kind == "invalid_result" and "storage is smaller" in verdict.reason
+    assert verdict.score == 0.0 and verdict.outcome == "invalid_result" and "storage is smaller" in verdict.reason
 
 
 JUNK = st.recursive(
@@ -168,7 +168,7 @@ def test_never_raises_and_reason_is_one_line(answer, expected):
     verdict = grade(answer, expected)
     assert verdict.score in (0.0, 1.0)
     assert verdict.reason and "\n" not in verdict.reason
-    assert (verdict.kind == "pass") == (verdict.score == 1.0) and verdict.kind in KINDS
+    assert (verdict.outcome == "pass") == (verdict.score == 1.0) and verdict.outcome in OUTCOMES
     assert (verdict.score == 1.0) == (verdict.shape_match and verdict.dtype_match and verdict.values_match)
 
 
@@ -185,12 +185,12 @@ def test_reason_locates_the_worst_element_without_printing_expected_values():
     assert grade(torch.zeros(3), torch.zeros(3, 1)).reason == "shape (3,) != expected (3, 1)"
 
 
-def test_a_wrong_shape_and_dtype_is_a_shape_verdict_and_a_verdict_kind_must_be_known():
+def test_a_wrong_shape_and_dtype_is_a_shape_verdict_and_a_verdict_outcome_must_be_known():
     verdict = grade(torch.zeros(3, dtype=torch.int64), torch.zeros(3, 1))
-    assert (verdict.kind, verdict.shape_match, verdict.dtype_match) == ("shape", False, False)
+    assert (verdict.outcome, verdict.shape_match, verdict.dtype_match) == ("shape", False, False)
     assert "; dtype torch.int64" in verdict.reason
-    with pytest.raises(ValueError, match="unknown verdict kind"):
-        Verdict(0.0, "wrong", True, True, True, False, "wrong")
+    with pytest.raises(ValueError, match="unknown verdict outcome"):
+        Verdict.failed("wrong", "wrong", result_present=True)
 
 
 def test_bad_expected_is_a_harness_error():

@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from ptenv.inside import cgroups, seccomp
-from ptenv.host.commands import ResultError
+from ptenv.host.blame import ModelFault
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
-from ptenv.inside.supervisor import FAULT_RATE_KB, MEMORY_POLL, MIN_POLL, next_look
+from ptenv.inside.memory import FAULT_RATE_KB, MEMORY_POLL, MIN_POLL, next_look
 from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs, wait_until
 
 pytestmark = pytest.mark.rootless
@@ -242,10 +242,10 @@ async def test_seccomp_denies_the_unprivileged_kernel_surface(box):
 
 def test_every_denied_call_has_a_number_on_every_machine_or_is_absent_there():
     for machine, (_, numbers) in seccomp.ARCHES.items():
-        for name in (*seccomp.DENIED, *seccomp.JUDGE_RULES, *seccomp.BAN_RULES):
+        for name in (*seccomp.DENIED, *seccomp.CALLER_RULES, *seccomp.BAN_RULES):
             assert (name in numbers) != (name in seccomp.ABSENT[machine]), (machine, name)
         assert seccomp.program(machine, seccomp.sandbox_rules(cgroup=False, enter_userns=True))
-        assert seccomp.program(machine, {**seccomp.JUDGE_RULES, **seccomp.BAN_RULES})
+        assert seccomp.program(machine, {**seccomp.CALLER_RULES, **seccomp.BAN_RULES})
 
 
 def rss_mb() -> float:
@@ -268,7 +268,7 @@ async def test_a_read_back_costs_the_host_a_bounded_multiple_of_the_result(box):
         assert rss.highest - rss.lowest <= READ_BACK_BOUND * n_mib, (rss.lowest, rss.highest)
     # An invalid reply is rebuilt small in the sandbox, whatever the model made of it.
     await box.cell("result = type('\"' * 42_000_000, (), {})()")
-    with Sampler(rss_mb) as rss, pytest.raises(ResultError, match="not a torch.Tensor"):
+    with Sampler(rss_mb) as rss, pytest.raises(ModelFault, match="not a torch.Tensor"):
         await box.result()
     assert rss.highest - rss.lowest <= 16, (rss.lowest, rss.highest)
 

@@ -20,7 +20,8 @@ import pytorch_env
 from tests.support.fake_prime import FakePrimeService
 from ptenv import inside
 from ptenv.host import prime, transports
-from ptenv.host.rollout import preload, run_cell, score_function
+from ptenv.host.assess import assess_function
+from ptenv.host.requests import preload, run_cell
 from ptenv.inside import supervisor
 from ptenv.inside.protocol import Limits
 from ptenv.tasks.fn_expert import LAYER_NORM_BACKWARD
@@ -69,7 +70,7 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
 
     steps = service.steps()
     polls = [s for s in steps if s == f"sh: {prime.READY_COMMAND}"]
-    assert steps == ["create", "wait_for_creation", *polls, "preload", "exec", "result", "delete"], steps
+    assert steps == ["create", "wait_for_creation", *polls, "preload", "run_cell", "read_result", "delete"], steps
     assert polls, "setup waits for the supervisor"
 
     request: CreateSandboxRequest = service.calls[0][1]
@@ -88,10 +89,10 @@ def test_a_rollout_sends_the_expected_calls_and_scores_in_the_container(service,
     sandbox_id = service.calls[1][1]  # the one wait_for_creation was asked about
     commands = [c for c in service.calls if c[0] == "execute_command"]
     assert all(c[1] == sandbox_id for c in commands)
-    # Each harness request is `ptenv-session <op> <base64 JSON fields>`, run by Prime as root.
+    # Each harness request is `ptenv-request <op> <base64 JSON fields>`, run by Prime as root.
     requests = [(c[2].split()[1], json.loads(base64.b64decode(c[2].split()[2]))) for c in commands
-                if c[2].startswith("ptenv-session ")]
-    assert [op for op, _ in requests] == ["preload", "exec", "result"]
+                if c[2].startswith("ptenv-request ")]
+    assert [op for op, _ in requests] == ["preload", "run_cell", "read_result"]
     assert set(requests[0][1]) == {"inputs", "timeout"} and set(json.loads(requests[0][1]["inputs"])) == {"x"}
     assert requests[1][1]["code"].startswith("result = ") and requests[1][1]["timeout"] == 45
     assert requests[2][1] == {"timeout": 30}
@@ -108,8 +109,8 @@ def test_the_container_enforces_the_limits_the_host_reads_its_replies_by(service
         try:
             await transport.client.wait_for_creation(sandbox.id)
             await transport.wait_ready(sandbox.id)
-            await preload(transport.call, sandbox.id, {}, transport.command_timeout, limits)
-            return await run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", 30, limits)
+            await preload(transport.call, sandbox.id, {}, timeout=transport.command_timeout, limits=limits)
+            return await run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", timeout=30, limits=limits)
         finally:
             await transport.client.delete(sandbox.id)
 
@@ -121,10 +122,10 @@ def test_the_container_enforces_the_limits_the_host_reads_its_replies_by(service
 def test_the_null_policy_scores_zero_without_a_scoring_error(service, server):
     state = rollout(server, "null")
     assert state["reward"] == 0.0 and state["scoring_error"] is None
-    assert service.steps()[-2:] == ["result", "delete"]
+    assert service.steps()[-2:] == ["read_result", "delete"]
 
 
-@pytest.mark.parametrize("step", ["create", "wait_for_creation", "preload", "exec", "result"])
+@pytest.mark.parametrize("step", ["create", "wait_for_creation", "preload", "run_cell", "read_result"])
 def test_a_failure_at_each_step_scores_zero_with_a_scoring_error_and_deletes_the_sandbox(service, server, step):
     service.fail[step] = RuntimeError(f"injected failure at {step}")
     state = rollout(server, "reference")
@@ -144,11 +145,11 @@ def test_a_container_whose_torch_install_fails_ends_the_same_way(service, server
 
 
 def test_the_client_reports_a_missing_supervisor_or_a_bad_request_in_one_line(tmp_path):
-    env = {**os.environ, "PTENV_SESSION_SOCKET": str(tmp_path / "nothing.sock"), "PYTHONPATH": str(ROOT)}
-    for args, code, message in ((["result", "e30="], 111, "supervisor is not running"),
-                                (["result"], 2, "usage: ptenv-session"),
-                                (["exec", "not base64!"], 2, "ptenv-session: "),
-                                (["shell", "e30="], 2, "usage: ptenv-session")):
+    env = {**os.environ, "PTENV_SOCKET": str(tmp_path / "nothing.sock"), "PYTHONPATH": str(ROOT)}
+    for args, code, message in ((["read_result", "e30="], 111, "supervisor is not running"),
+                                (["read_result"], 2, "usage: ptenv-request"),
+                                (["run_cell", "not base64!"], 2, "ptenv-request: "),
+                                (["sh", "e30="], 2, "usage: ptenv-request")):
         done = subprocess.run([sys.executable, "-m", "ptenv.inside.prime_cli", *args], env=env, capture_output=True,
                               text=True)
         assert done.returncode == code, args
@@ -159,7 +160,7 @@ SERVER = "$(pgrep -u 0 -f 'ptenv.inside.main serve')"  # root's: the session is 
 ATTACKS = {  # what the model's bash tries on the supervisor, which runs as the container's root
     f"kill -INT {SERVER}": "Operation not permitted",
     f"renice -n 19 -p {SERVER}": "Operation not permitted",
-    f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{prime.SESSION_SOCKET}')\"": "PermissionError",
+    f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect('{prime.SUPERVISOR_SOCKET}')\"": "PermissionError",
 }
 
 
@@ -182,16 +183,16 @@ def test_in_the_container_the_model_runs_as_its_own_uid_and_cannot_touch_the_ses
     assert replies["id -u"] == cell == str(supervisor.CONTAINER_MODEL_UID)
     for command, refusal in ATTACKS.items():
         assert refusal in replies[command], (command, replies[command])
-    # Prime ran each of the model's commands as `ptenv-session sh`, never as a bare shell command.
+    # Prime ran each of the model's commands as `ptenv-request shell`, never as a bare shell command.
     shells = [json.loads(base64.b64decode(c[2].split()[2])) for c in service.calls
-              if c[0] == "execute_command" and c[2].startswith("ptenv-session sh ")]
+              if c[0] == "execute_command" and c[2].startswith("ptenv-request shell ")]
     assert shells == [{"command": c, "cwd": None, "timeout": env.timeout_per_command_seconds} for c in ["id -u", *ATTACKS]]
     assert not [c for c in service.steps() if c.startswith("sh: ") and c != f"sh: {prime.READY_COMMAND}"]
 
 
-def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_session(service):
-    """The `hidden` request is one more `ptenv-session` command: the container's supervisor forks a
-    judge with new processes refused, and the host grades the outputs (the reference passes, a
+def test_a_function_tasks_trial_runs_in_the_container_through_ptenv_request(service):
+    """The `hidden` request is one more `ptenv-request` command: the container's supervisor forks a
+    caller with new processes refused, and the host grades the outputs (the reference passes, a
     forking answer fails that case as the model's, never as a harness error); at a backward
     family's hardest level the ban goes with the request and holds there too."""
     transport = transports.prime(Limits(cell_timeout=10))
@@ -207,22 +208,23 @@ def test_a_function_tasks_hidden_phase_runs_in_the_container_through_ptenv_sessi
         try:
             await transport.client.wait_for_creation(sandbox.id)
             await transport.wait_ready(sandbox.id)
-            await preload(transport.call, sandbox.id, family.instance("t", 1).inputs(), transport.command_timeout,
-                          transport.limits)
-            outcomes = [await score_function(transport.call, sandbox.id, source, family.name, cases, None, transport.limits,
-                                             False) for source in (family.reference, forking)]
-            outcomes.append(await score_function(transport.call, sandbox.id, by_autograd, backward.name, backward_cases,
-                                                 backward.ban(2), transport.limits, False))
+            await preload(transport.call, sandbox.id, family.instance("t", 1).inputs(), timeout=transport.command_timeout,
+                          limits=transport.limits)
+            outcomes = [await assess_function(transport.call, sandbox.id, source=source, name=family.name, cases=cases,
+                                              ban=None, limits=transport.limits, partial_credit=False)
+                        for source in (family.reference, forking)]
+            outcomes.append(await assess_function(transport.call, sandbox.id, source=by_autograd, name=backward.name, cases=backward_cases,
+                                                  ban=backward.ban(2), limits=transport.limits, partial_credit=False))
             return outcomes, sandbox.id
         finally:
             await transport.client.delete(sandbox.id)
 
     (right, wrong, banned), sandbox_id = asyncio.run(play())
     assert (right.verdict.score, right.scoring_error, right.verdict.reason) == (1.0, None, "all 4 hidden cases pass")
-    assert (wrong.verdict.score, wrong.scoring_error, wrong.verdict.kind) == (0.0, None, "error")
+    assert (wrong.verdict.score, wrong.scoring_error, wrong.verdict.outcome) == (0.0, None, "error")
     assert "PermissionError" in wrong.verdict.reason
     commands = [c[2] for c in service.calls if c[0] == "execute_command" and c[1] == sandbox_id]
-    hidden = [json.loads(base64.b64decode(c.split()[2])) for c in commands if c.startswith("ptenv-session hidden ")]
+    hidden = [json.loads(base64.b64decode(c.split()[2])) for c in commands if c.startswith("ptenv-request trial ")]
     assert (banned.verdict.score, banned.scoring_error) == (0.0, None)
     assert "banned: the function ran torch's autograd engine" in banned.verdict.reason
     assert [h["source"] for h in hidden] == [family.reference, forking, by_autograd]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ptenv.grader import KINDS
-from ptenv.report.reasons import REASON_OF_KIND, REASONS
+from ptenv.grader import OUTCOMES
+from ptenv.report.reasons import REASON_OF_OUTCOME, REASONS
 from ptenv.report.runs import load_run
 from ptenv.tasks.splits import split_version
 from ptenv.report.stats import pass_at_k
@@ -160,8 +160,8 @@ def failure_reasons(done, out: Path) -> dict[str, int]:
 
 
 def test_every_kind_of_verdict_is_a_reason_of_the_report():
-    assert set(REASON_OF_KIND) == set(KINDS)
-    assert set(REASON_OF_KIND.values()) == {"pass", *REASONS}
+    assert set(REASON_OF_OUTCOME) == set(OUTCOMES)
+    assert set(REASON_OF_OUTCOME.values()) == {"pass", *REASONS}
 
 
 @pytest.mark.slow
@@ -209,7 +209,7 @@ def test_the_saved_benchmark_runs_are_still_read():
         for verdict, rollout in zip(verdicts, run.rollouts):
             if "kind" in verdict:
                 kinds += 1
-                assert rollout.reason == REASON_OF_KIND[verdict["kind"]], (path, verdict)
+                assert rollout.reason == REASON_OF_OUTCOME[verdict["kind"]], (path, verdict)
                 continue
             flags = verdict["result_present"], verdict["shape_match"], verdict["dtype_match"], verdict["score"]
             told = {(False, False, False, 0.0): ("no result", "harness error"), (True, True, False, 0.0): ("dtype",),

@@ -12,15 +12,9 @@ from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
 import pytorch_env
 import verifiers as vf
 from ptenv.inside import codec
-from ptenv.host import rollout, transports
-from ptenv.host.commands import (
-    ReplyError,
-    ResultError,
-    exec_fields,
-    parse_exec_reply,
-    parse_result_reply,
-    preload_fields,
-)
+from ptenv.host import requests, transports
+from ptenv.host.blame import HarnessFault, ModelFault
+from ptenv.host.requests import parse_cell_reply, parse_result_doc, preload_fields
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import Limits
 from tests.support.sandbox import new_box, sandbox_processes, supervisor_of, only_the_sandbox_runs, wait_until
@@ -47,7 +41,7 @@ async def test_variables_models_optimisers_and_grads_persist(box):
 async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
     a, b = torch.randn(3, 4), torch.arange(8, dtype=torch.int64).reshape(4, 2)
     doc = await box.client.call(box.id, "preload", preload_fields({"a": a, "b": b}), 30)
-    reply = parse_exec_reply(doc, box.client.limits)
+    reply = parse_cell_reply(doc, box.client.limits)
     assert reply.status == "ok", reply
     assert (await box.cell("result = a @ b.to(a.dtype)")).status == "ok"
     assert torch.equal(await box.result(), a @ b.to(a.dtype))
@@ -60,7 +54,7 @@ async def test_inputs_are_preloaded_by_name_and_restored_after_a_reset(box):
 async def test_a_bad_preload_is_an_error_and_keeps_the_namespace(box):
     await box.cell("keep = 1")
     doc = await box.client.call(box.id, "preload", {"inputs": '{"x": {"dtype": "float32"}}'}, 30)
-    reply = parse_exec_reply(doc, box.client.limits)
+    reply = parse_cell_reply(doc, box.client.limits)
     assert reply.status == "error" and "input 'x'" in reply.stderr
     assert (await box.cell("keep")).stdout == "1\n"
 
@@ -120,10 +114,10 @@ async def test_a_transport_with_more_output_returns_it_whole_and_says_what_it_ke
     transport = transports.create("local", limits)
     try:
         sandbox = await transport.client.create(transport.request)
-        await rollout.preload(transport.call, sandbox.id, {}, transport.command_timeout, transport.limits)
-        whole = await rollout.run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", 30, transport.limits)
+        await requests.preload(transport.call, sandbox.id, {}, timeout=transport.command_timeout, limits=transport.limits)
+        whole = await requests.run_cell(transport.call, sandbox.id, "print('x' * 40 * 1024)", timeout=30, limits=transport.limits)
         assert whole == "x" * 40 * 1024
-        cut = await rollout.run_cell(transport.call, sandbox.id, "print('x' * 100 * 1024)", 30, transport.limits)
+        cut = await requests.run_cell(transport.call, sandbox.id, "print('x' * 100 * 1024)", timeout=30, limits=transport.limits)
         assert cut.endswith(f"[{100 * 1024 + 1 - 65536:,} more bytes of stdout were cut (the first 65,536 are shown).]")
     finally:
         transport.client.teardown()
@@ -152,7 +146,7 @@ async def test_result_comes_back_as_a_plain_tensor_or_a_clean_failure(box):
     }
     for code, reason in failures.items():
         await box.cell(code)
-        with pytest.raises(ResultError, match=reason):
+        with pytest.raises(ModelFault, match=reason):
             await box.result()
     await box.cell("del result")
     assert await box.result() is None
@@ -166,11 +160,11 @@ async def test_a_session_broken_by_the_model_never_yields_a_false_result(box):
     await box.cell("import json, ptenv.inside.codec\n"
                    "ptenv.inside.codec.to_bytes = lambda t: ({'dtype': 'bool', 'shape': [4]}, bytearray(b'\\2' * 4))\n"
                    "json.dumps = lambda *a, **k: '{}'")  # the session's own reference is kept
-    with pytest.raises(ResultError, match="could not be decoded: bool data has bytes other than 0 and 1"):
+    with pytest.raises(ModelFault, match="could not be decoded: bool data has bytes other than 0 and 1"):
         await box.result()
     # Patched builtins may break the session itself: then it is restarted and `result` is gone.
     await box.cell("import builtins\nbuiltins.type = lambda *a: int\nresult = 'a string'")
-    with pytest.raises(ResultError, match="result is a int"):
+    with pytest.raises(ModelFault, match="result is a int"):
         await box.result()
     reply = await box.cell("import builtins\nbuiltins.isinstance = None\nbuiltins.len = None")
     assert reply.status == "reset" and "The session broke" in reply.note
@@ -180,7 +174,7 @@ async def test_a_session_broken_by_the_model_never_yields_a_false_result(box):
 
 def test_result_replies_are_parsed_strictly():
     good = codec.encode(torch.ones(2))
-    assert torch.equal(parse_result_reply({"status": "ok", "result": good}), torch.ones(2))
+    assert torch.equal(parse_result_doc({"status": "ok", "result": good}), torch.ones(2))
     bad = [
         None,
         [],
@@ -192,22 +186,22 @@ def test_result_replies_are_parsed_strictly():
         {"status": "invalid", "reason": 7},
     ]
     for doc in bad:
-        with pytest.raises(ResultError):
-            parse_result_reply(doc)
-    with pytest.raises(ResultError, match="^line one line two$"):
-        parse_result_reply({"status": "invalid", "reason": "line one\nline two"})
+        with pytest.raises(ModelFault):
+            parse_result_doc(doc)
+    with pytest.raises(ModelFault, match="^line one line two$"):
+        parse_result_doc({"status": "invalid", "reason": "line one\nline two"})
 
 
 def test_cell_replies_are_parsed_strictly():
     doc = {"status": "ok", "stdout": "", "stderr": "", "stdout_cut": 0, "stderr_cut": 0, "reset": None, "limit": 30}
-    assert parse_exec_reply(doc, Limits()).text() == "(no output)"
+    assert parse_cell_reply(doc, Limits()).text() == "(no output)"
     for change in ({"status": "fine"}, {"stdout": 3}, {"stdout_cut": -1}, {"reset": 1}, {"extra": 1}):
-        with pytest.raises(ReplyError):
-            parse_exec_reply({**doc, **change}, Limits())
+        with pytest.raises(HarnessFault):
+            parse_cell_reply({**doc, **change}, Limits())
     for other in (None, "", [], "x" * (1 << 20)):
-        with pytest.raises(ReplyError):
-            parse_exec_reply(other, Limits())
-    timeout = parse_exec_reply({**doc, "status": "timeout", "reset": "ran past the time limit"}, Limits())
+        with pytest.raises(HarnessFault):
+            parse_cell_reply(other, Limits())
+    timeout = parse_cell_reply({**doc, "status": "timeout", "reset": "ran past the time limit"}, Limits())
     assert timeout.note.startswith("The cell was stopped after the 30 s time limit and the session was restarted")
 
 
@@ -286,7 +280,7 @@ async def test_exec_reply_text_for_a_code_string_with_any_characters(box):
     code = "print('ünïcödé \\u2603 \"quotes\" $HOME `ls` \\\\n')"
     assert (await box.cell(code)).stdout == 'ünïcödé ☃ "quotes" $HOME `ls` \\n\n'
     assert (await box.cell("")).text() == "(no output)"
-    assert exec_fields("") == {"code": ""}
+    assert {"code": ""} == {"code": ""}
 
 
 def test_load_environment_logs_the_sandbox_mode_once(caplog):

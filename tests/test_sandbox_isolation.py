@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from prime_sandboxes import CreateSandboxRequest, SandboxNotRunningError
 
-from ptenv.host.local import LocalSandboxClient, SandboxUnavailableError
+from ptenv.host.local import LocalSandboxClient
+from ptenv.host.view import SandboxUnavailableError
 from ptenv import inside
 from ptenv.inside.protocol import Limits
 from tests.support.sandbox import MEMORY_MB, SHORT, new_box, only_the_sandbox_runs, wait_until
@@ -203,11 +204,11 @@ def b64(obj) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [
-    "ptenv-session result",
-    f"ptenv-session exec {b64({'code': 'result = torch.zeros(2)', 'timeout': 5})}",
-    f"ptenv-session preload {b64({'inputs': '{}', 'timeout': 5})}",
-    f"ptenv-session sh {b64({'command': 'true', 'cwd': '/tmp' + chr(0) + 'x', 'timeout': 5})}",
-    f"ptenv-session sh {b64({'command': 'sleep 100', 'cwd': None, 'timeout': 1e9})}",
+    "ptenv-request read_result",
+    f"ptenv-request run_cell {b64({'code': 'result = torch.zeros(2)', 'timeout': 5})}",
+    f"ptenv-request preload {b64({'inputs': '{}', 'timeout': 5})}",
+    f"ptenv-request shell {b64({'command': 'true', 'cwd': '/tmp' + chr(0) + 'x', 'timeout': 5})}",
+    f"ptenv-request shell {b64({'command': 'sleep 100', 'cwd': None, 'timeout': 1e9})}",
 ])
 async def test_the_harness_requests_are_out_of_the_models_reach(box, command):
     # The harness's own requests are typed frames on the host's channel, never parsed out of a

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from prime_sandboxes import CommandTimeoutError, CreateSandboxRequest
 
 import pytorch_env
-from ptenv.host import rollout
-from ptenv.host.commands import ResultError
+from ptenv.host import requests
+from ptenv.host.blame import ModelFault
 from ptenv.host.local import LocalSandboxClient
 from ptenv.host.transports import CELL_MARGIN
 from ptenv.inside import codec
 from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_FRAME, MAX_HIDDEN_CASES, MAX_HIDDEN_OUTPUTS, MAX_TENSOR_BYTES, Limits
 from ptenv.host.tool_input import MAX_CHARS, problem
-from ptenv.inside.supervisor import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
+from ptenv.inside.replies import MAX_CONTAINERS, SKELETON_CAP, cell_status, result_doc
 from tests.support.policy_server import MALFORMED_CALLS, serve_in_thread
 from tests.support.sandbox import SHORT, only_the_sandbox_runs
 from tests.support.vf_eval import leftover_sandboxes, run_eval
@@ -82,7 +82,7 @@ def test_malformed_tool_calls_through_the_real_vf_eval_leave_the_rollout_whole(t
         assert all(is_model_text(reply) for reply in replies)
         joined = "\n".join(replies)
         for message in ("contains a NUL byte", "a lone surrogate", "must be a string, got an array",
-                        "must be a string, got a number", "must be a string, got null", "ptenv-session: not found",
+                        "must be a string, got a number", "must be a string, got null", "ptenv-request: not found",
                         "ValueError: \\ud800"):
             assert message in joined, (message, joined[-2000:])
 
@@ -104,7 +104,7 @@ def tools():
 
 
 def answers(loop, env, sandbox_id) -> bool:
-    cell = rollout.run_cell(env.transport.call, sandbox_id, "print('alive')", 30, env.transport.limits)
+    cell = requests.run_cell(env.transport.call, sandbox_id, "print('alive')", timeout=30, limits=env.transport.limits)
     reply = loop.run_until_complete(cell)
     return reply == "alive"
 
@@ -172,9 +172,9 @@ def test_a_cell_at_any_moment_around_its_limit_is_a_tool_reply(short_cells, befo
     loop, client, sandbox_id = short_cells
     code = f"import time\nprint('a', flush=True)\ntime.sleep({before})\n{after}"
     deadline = TIMING_LIMIT + CELL_MARGIN
-    reply = loop.run_until_complete(rollout.run_cell(client.call, sandbox_id, code, deadline, client.limits))
+    reply = loop.run_until_complete(requests.run_cell(client.call, sandbox_id, code, timeout=deadline, limits=client.limits))
     assert is_model_text(reply) and reply.startswith("a")
-    alive = rollout.run_cell(client.call, sandbox_id, "print('alive')", deadline, client.limits)
+    alive = requests.run_cell(client.call, sandbox_id, "print('alive')", timeout=deadline, limits=client.limits)
     assert loop.run_until_complete(alive) == "alive"
 
 
@@ -217,13 +217,13 @@ def test_any_interpreter_reply_is_parsed_into_a_bounded_answer(frame):
     assert status in (None, "ok", "error", "timeout") and len(tb) <= 1000 and is_model_text(tb)
 
 
-def test_a_hidden_phase_reply_at_every_cap_fits_one_frame():
+def test_a_trial_reply_at_every_cap_fits_one_frame():
     # Past MAX_FRAME the host would refuse the supervisor's reply: a harness error made by the answer.
     shape = [1] * (codec.MAX_DIMS - 1) + [HIDDEN_OUTPUT_CAP // 4 * 3 // 16]  # the longest shape of the largest output
     codec.byte_count("complex128", shape)
     output = {"dtype": "complex128", "shape": shape, "data": "A" * HIDDEN_OUTPUT_CAP}
     case = {"status": "ok", "outputs": [output] * MAX_HIDDEN_OUTPUTS}
-    reply = {"id": 1 << 60, "hidden": {"load": None, "protected": True, "cases": [case] * MAX_HIDDEN_CASES}}
+    reply = {"id": 1 << 60, "reply": {"load": None, "protected": True, "cases": [case] * MAX_HIDDEN_CASES}}
     assert len(json.dumps(reply)) < MAX_FRAME
 
 
@@ -262,7 +262,7 @@ async def test_a_json_bomb_reply_is_an_invalid_answer_at_little_cost(box):
                    "json._default_encoder.encode = lambda o: '[' + '[[]],' * 8_000_000 + '[]]' if 'traceback' not in o else encode(o)\n"
                    "result = torch.zeros(2)")
     before = peak_rss_mib(box.supervisor[0])
-    with pytest.raises(ResultError, match="sent an oversized reply"):
+    with pytest.raises(ModelFault, match="sent an oversized reply"):
         await box.result()
     # Refused by its length: the 40 MB frame is never read, let alone its 16 million lists parsed.
     assert peak_rss_mib(box.supervisor[0]) - before < 8, (before, peak_rss_mib(box.supervisor[0]))
@@ -278,7 +278,7 @@ async def test_a_shape_torch_cannot_build_is_an_invalid_answer(box):
         await box.cell("import ptenv.inside.codec as codec\n"
                        f"codec.to_bytes = lambda t: ({{'dtype': 'float32', 'shape': {shape}}}, bytearray({0 if 0 in shape else 4}))\n"
                        "result = torch.zeros(1)")
-        with pytest.raises(ResultError, match=reason):
+        with pytest.raises(ModelFault, match=reason):
             await box.result()
         # Its bytes' frame is not read: the supervisor starts a fresh interpreter, which the next cell finds.
         assert (await box.cell("print('alive')")).stdout == "alive\n"
@@ -293,7 +293,7 @@ async def test_tensor_bytes_of_another_size_than_declared_are_never_read(box):
                    "codec.to_bytes = lambda t: ({'dtype': 'float32', 'shape': [1]}, bytearray(60 << 20))\n"
                    "result = torch.zeros(1)")
     before = peak_rss_mib(box.supervisor[0])
-    with pytest.raises(ResultError, match="in a frame of another size than it declared"):
+    with pytest.raises(ModelFault, match="in a frame of another size than it declared"):
         await box.result()
     assert peak_rss_mib(box.supervisor[0]) - before < 8, (before, peak_rss_mib(box.supervisor[0]))
     await box.cell("result = torch.ones(3)")  # a fresh interpreter: the patch and the frame are gone

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import verifiers.v1 as vf
-from prime_sandboxes import CommandTimeoutError, SandboxNotRunningError
+from prime_sandboxes import CommandTimeoutError
 from verifiers.v1.harnesses.null.harness import NullHarnessConfig
 
-from ptenv.host import rollout
+from ptenv.host.blame import HarnessFault
+from ptenv.host import requests
 from tests.support import ban_answers, hostile_functions, policy_server
 from ptenv.tasks.rows import dumps_rows
 from ptenv.tasks.tiers import select
@@ -57,7 +58,7 @@ async def cell(trace, code: str) -> str:
     """Run a cell the way the tool server does: through the relay, by the sandbox id in the state."""
     transport, relay = sandboxes()
     call = RelayClient(relay.path).call
-    return await rollout.run_cell(call, trace.state.sandbox_id, code, transport.cell_deadline, transport.limits)
+    return await requests.run_cell(call, trace.state.sandbox_id, code, timeout=transport.cell_deadline, limits=transport.limits)
 
 
 async def close(trace) -> None:
@@ -91,7 +92,7 @@ async def test_finalize_grades_the_reference_answer_and_cleanup_deletes_the_sand
     assert trace.info["scoring_error"] is None
     assert trace.rewards["correctness"].score == 1.0 and trace.reward == 1.0
     assert trace.metrics == {**{key: 1.0 for key in DIAGNOSTICS}, "harness_error": 0.0}
-    with pytest.raises(SandboxNotRunningError, match="deleted"):
+    with pytest.raises(HarnessFault, match="SandboxNotRunningError: .* deleted"):
         await cell(trace, "print(1)")
 
 
@@ -138,7 +139,7 @@ async def test_the_relay_passes_replies_and_timeouts_through(task):
         assert (reply.stdout, reply.stderr, reply.exit_code) == ("out\n", "err\n", 3)
         with pytest.raises(CommandTimeoutError):
             await relay.execute_command(trace.state.sandbox_id, "sleep 10", timeout=0.5)
-        cell = await relay.call(trace.state.sandbox_id, "exec", {"code": "print(6 * 7)"}, 10)
+        cell = await relay.call(trace.state.sandbox_id, "run_cell", {"code": "print(6 * 7)"}, 10)
         assert cell["stdout"] == "42\n" and cell["status"] == "ok"
         for op in ("result", "preload"):  # the read-back and the inputs stay the eval process's
             with pytest.raises(RelayError, match=f"not '{op}'"):
@@ -149,7 +150,7 @@ async def test_the_relay_passes_replies_and_timeouts_through(task):
 
 async def test_setup_refuses_another_harness_before_creating_a_sandbox(task):
     trace = new_trace(task, harness=NullHarnessConfig(id="null"))
-    with pytest.raises(ValueError, match="its own harness"):
+    with pytest.raises(ValueError, match="its own verifiers Harness"):
         await task.setup(trace, None)
     assert trace.state.sandbox_id is None
 
@@ -226,7 +227,7 @@ def test_vf_eval_malformed_tool_calls_leave_the_rollout_whole(policy_url, tmp_pa
     assert trace["ok"] and score(trace) == 1.0, trace["info"]
     assert trace["info"]["scoring_error"] is None and trace["metrics"]["harness_error"] == 0.0
     text = json.dumps(trace)
-    assert "contains a NUL byte" in text and "ptenv-session: not found" in text and "ValueError: \\\\ud800" in text
+    assert "contains a NUL byte" in text and "ptenv-request: not found" in text and "ValueError: \\\\ud800" in text
 
 
 # Tool calls verifiers 0.4's chat program fails on before they reach the tool server (docs/threat-model.md):

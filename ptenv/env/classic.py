@@ -7,10 +7,10 @@ import verifiers as vf
 from datasets import Dataset
 from verifiers.envs.sandbox_env import SandboxEnv
 
-from ptenv.env import grading
+from ptenv.env import rollout
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
-from ptenv.host import answer, rollout, tool_input, transports
-from ptenv.inside.protocol import model_text
+from ptenv.host import answer, assess, requests, tool_input, transports
+from ptenv.inside.protocol import model_text, one_line
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 from ptenv.tasks import functions
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
@@ -21,11 +21,11 @@ from ptenv.env.versions import versions
 class PyTorchEnv(SandboxEnv):
     """SandboxEnv with a persistent `execute_code` session and host-side grading in post_rollout."""
 
-    def __init__(self, tasks, transport: transports.Transport, hidden: functions.HiddenCases, partial_credit: bool,
+    def __init__(self, tasks, *, transport: transports.Transport, cases: functions.HiddenCases, partial_credit: bool,
                  **kwargs):
         self.tasks = {task.task_id: task for task in tasks}  # expected outputs stay in host memory
         self.transport = transport
-        self.hidden = hidden  # function tasks' hidden cases, drawn on the host from a secret
+        self.cases = cases  # function tasks' hidden cases, drawn on the host from a secret
         self.partial_credit = partial_credit
         super().__init__(
             start_command=None,  # the transport's request says how a sandbox starts
@@ -43,12 +43,9 @@ class PyTorchEnv(SandboxEnv):
         sandbox_id = state["sandbox_id"]
         await self._wait_for_sandbox_ready(state["sandbox_state"], sandbox_id)
         try:
-            await self.transport.wait_ready(sandbox_id)
-            inputs = self.tasks[state["info"]["task_id"]].inputs
-            transport = self.transport
-            await rollout.preload(transport.call, sandbox_id, inputs, transport.command_timeout, transport.limits)
+            await rollout.start_session(self.tasks[state["info"]["task_id"]], self.transport, sandbox_id)
         except Exception as e:
-            raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
+            raise vf.SandboxError(f"could not start the session: {one_line(e)}") from e
         return state
 
     async def bash(self, command: str, sandbox_id: str, sandbox_state, working_dir: str | None = None) -> str:
@@ -69,9 +66,10 @@ class PyTorchEnv(SandboxEnv):
             return error
         try:
             transport = self.transport
-            return await rollout.run_cell(transport.call, sandbox_id, code, transport.cell_deadline, transport.limits)
+            return await requests.run_cell(transport.call, sandbox_id, code, timeout=transport.cell_deadline,
+                                           limits=transport.limits)
         except Exception as e:  # the session did not answer: end the rollout, post_rollout says why
-            raise vf.SandboxError(f"execute_code failed: {rollout.one_line(e)}") from e
+            raise vf.SandboxError(f"execute_code failed: {one_line(e)}") from e
 
     def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs) -> dict:
         updated = super().update_tool_args(tool_name, tool_args, messages, state, **kwargs)
@@ -83,16 +81,17 @@ class PyTorchEnv(SandboxEnv):
     async def post_rollout(self, state: vf.State):
         """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
         if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
-            outcome = rollout.harness_failure(f"the rollout failed: {rollout.error_chain(state['error'])}")
+            assessment = assess.harness_fault(rollout.error_chain(state["error"]))
         else:
-            final = answer.final_message(state["completion"])
-            outcome = await grading.grade(self.tasks[state["info"]["task_id"]], self.transport, state["sandbox_id"],
-                                          final, self.hidden, self.partial_credit)
-            if outcome.scoring_error is not None:
+            assessment = await rollout.assess_rollout(
+                self.tasks[state["info"]["task_id"]], self.transport, state["sandbox_id"],
+                final_message=answer.final_message(state["completion"]), cases=self.cases,
+                partial_credit=self.partial_credit)
+            if assessment.scoring_error is not None:
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
-                state["error"] = vf.SandboxError(outcome.scoring_error)
-        state.update(outcome.as_state())
-        state["info"].update(outcome.as_state())  # info is in every saved sample: the report reads it there
+                state["error"] = vf.SandboxError(assessment.scoring_error)
+        state.update(assessment.as_state())
+        state["info"].update(assessment.as_state())  # info is in every saved sample: the report reads it there
 
     @vf.teardown
     async def teardown_sandboxes(self):
@@ -158,9 +157,9 @@ def load_environment(
     rubric = vf.Rubric(funcs=[correctness, *metrics], weights=[1.0] + [0.0] * len(metrics))
     return PyTorchEnv(
         tasks + eval_tasks,
-        transports.create(sandbox),
-        functions.HiddenCases(secrets.token_hex(16), hidden_cases),
-        partial_credit,
+        transport=transports.create(sandbox),
+        cases=functions.HiddenCases(secrets.token_hex(16), hidden_cases),
+        partial_credit=partial_credit,
         dataset=as_dataset(tasks),
         eval_dataset=as_dataset(eval_tasks) if eval_tasks else None,
         system_prompt=SYSTEM_PROMPT if kind == "result" else FUNCTION_SYSTEM_PROMPT,

@@ -5,11 +5,11 @@ Where each part runs, and why:
 - Task.setup (eval process) creates the rollout's sandbox and preloads the inputs. The sandbox id
   goes into the rollout's state, where the tool server finds it.
 - `execute_code` and `bash` run inside that sandbox: one tool server per eval (ptenv.env.v1_tools)
-  reaches it through the eval process's relay (ptenv.env.v1_relay). The harness is v1's tool-less chat
-  loop, so nothing the model writes runs on the host (v1's own `bash` harness would run the
-  model's commands on the host under the subprocess runtime).
-- Task.finalize reads `result` back and grades it on the host. A wrong, missing or invalid answer
-  scores 0.0; a harness failure (dead sandbox, unusable read-back) is a v1 failure instead: a
+  reaches it through the eval process's relay (ptenv.env.v1_relay). The agent program (v1 calls
+  it a Harness) is v1's tool-less chat loop, so nothing the model writes runs on the host (v1's own
+  `bash` program would run the model's commands on the host under the subprocess runtime).
+- Task.finalize assesses the rollout on the host (ptenv.env.rollout). A wrong, missing or invalid
+  answer scores 0.0; a harness fault (dead sandbox, unusable read-back) is a v1 failure instead: a
   SandboxError on the trace (ok False, no reward), its reason in trace.info["scoring_error"].
 - PyTorchHarness.cleanup, which v1 runs after scoring and after every failure, deletes the sandbox.
 - A reply whose tool call verifiers' chat program cannot pass on to the tool server (a lone
@@ -23,18 +23,18 @@ import secrets
 import verifiers.v1 as vf
 from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
 
-from ptenv.host import rollout
-from ptenv.inside import codec
-from ptenv.tasks.rows import TaskRow, parse_row
-from ptenv.env import grading
+from ptenv.env import rollout
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
-from ptenv.host import transports
-from ptenv.tasks import functions
-from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
-from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 from ptenv.env.v1_relay import SandboxRelay
 from ptenv.env.v1_tools import PyTorchState, PyTorchTools, PyTorchToolsConfig
 from ptenv.env.versions import versions
+from ptenv.host import transports
+from ptenv.inside import codec
+from ptenv.inside.protocol import one_line
+from ptenv.tasks import functions
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
+from ptenv.tasks.rows import TaskRow, parse_row
+from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 
 __all__ = ["PyTorchTaskset", "PyTorchHarness", "PyTorchV1Env"]
 
@@ -85,7 +85,7 @@ class PyTorchHarnessConfig(NullHarnessConfig):
 
 
 class PyTorchHarness(NullHarness, vf.Harness[PyTorchHarnessConfig]):
-    """v1's tool-less chat loop (the `null` program): the model's only tools are the sandboxed ones."""
+    """The agent program: v1's tool-less chat loop (`null`); the model's only tools are the sandboxed ones."""
 
     async def cleanup(self, trace: vf.Trace, runtime) -> None:
         # v1 runs this on every path (finalize and scoring are skipped after a failure), after
@@ -94,7 +94,7 @@ class PyTorchHarness(NullHarness, vf.Harness[PyTorchHarnessConfig]):
             if not trace.ok and not trace.info.get("scoring_error"):
                 # v1 skips finalize and scoring after a failure: record why, as finalize would have.
                 reason = f"{trace.errors[-1].type}: {trace.errors[-1].message}" if trace.errors else "rollout failed"
-                trace.info["scoring_error"] = rollout.one_line(reason)
+                trace.info["scoring_error"] = one_line(reason)
             trace.record_metric("harness_error", float(not trace.ok))
         finally:
             if trace.state.sandbox_id is not None:
@@ -113,34 +113,34 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
         trace.info["versions"] = versions()  # trace.info, not the task's: parse_row takes exactly the dataset's keys
         if not isinstance(trace.agent.config.harness, PyTorchHarnessConfig):
             raise ValueError(
-                f"pytorch-env runs with its own harness (got {trace.agent.config.harness.id!r}): it keeps the "
+                f"pytorch-env runs with its own verifiers Harness (got {trace.agent.config.harness.id!r}): it keeps the "
                 "model's code in the sandbox and deletes the sandbox afterwards; drop --env.agent.harness.id"
             )
         transport, relay = sandboxes()
         await relay.serve()
         try:
             sandbox = await transport.client.create(transport.request)
-            trace.state.sandbox_id = sandbox.id  # from here on, the harness cleanup deletes it
+            trace.state.sandbox_id = sandbox.id  # from here on, PyTorchHarness.cleanup deletes it
             await transport.client.wait_for_creation(sandbox.id)
-            await transport.wait_ready(sandbox.id)
-            inputs = self.row().inputs
-            await rollout.preload(transport.call, sandbox.id, inputs, transport.command_timeout, transport.limits)
+            await rollout.start_session(self.row(), transport, sandbox.id)
         except Exception as e:
-            raise vf.SandboxError(f"could not start the session: {rollout.one_line(e)}") from e
+            raise vf.SandboxError(f"could not start the session: {one_line(e)}") from e
 
     async def finalize(self, trace: vf.Trace, runtime) -> None:
         transport, _ = sandboxes()
         settings = self.data.grading
-        outcome = await grading.grade(self.row(), transport, trace.state.sandbox_id, trace.last_reply,
-                                      hidden_cases(settings["hidden_cases"]), settings["partial_credit"])
-        trace.info.update(outcome.as_state())
-        if outcome.scoring_error is not None:
-            raise vf.SandboxError(outcome.scoring_error)
+        assessment = await rollout.assess_rollout(self.row(), transport, trace.state.sandbox_id,
+                                                  final_message=trace.last_reply,
+                                                  cases=hidden_cases(settings["hidden_cases"]),
+                                                  partial_credit=settings["partial_credit"])
+        trace.info.update(assessment.as_state())
+        if assessment.scoring_error is not None:
+            raise vf.SandboxError(assessment.scoring_error)
 
     @vf.stop
     async def unsendable_tool_arguments(self, response: vf.Response) -> bool:
         # verifiers 0.4's chat program dies on such a call before any code of ours sees it, and the
-        # rollout would end as a harness error (docs/threat-model.md). v1 runs this stop on the reply
+        # rollout would end as a harness fault (docs/threat-model.md). v1 runs this stop on the reply
         # before the chat program gets it: the model's call stays in the trace, and the rollout is
         # scored like any other stopped one, on the `result` it has left.
         return any(chat_program_fails_on(call.arguments) for call in response.message.tool_calls or [])
@@ -211,7 +211,7 @@ def row_info(row: TaskRow) -> dict:
 
 
 class PyTorchEnvConfig(vf.SingleAgentEnvConfig):
-    # The harness runs no model code, so the host's subprocess runtime suits it (v1's default,
+    # The agent program runs no model code, so the host's subprocess runtime suits it (v1's default,
     # Prime, needs a Prime key); 5 turns as in the classic load_environment.
     agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig(), max_turns=5)
 

@@ -60,7 +60,7 @@ class SandboxRelay:
         try:
             if "code" in request:
                 fields = {"code": request["code"]}
-                return {"cell": await self.transport.call(request["sandbox_id"], "exec", fields, request["timeout"])}
+                return {"cell": await self.transport.call(request["sandbox_id"], "run_cell", fields, request["timeout"])}
             response = await self.transport.client.execute_command(
                 request["sandbox_id"], request["command"], request["working_dir"], request["timeout"]
             )
@@ -74,7 +74,7 @@ class SandboxRelay:
 
 
 class RelayClient:
-    """Tool-server side: prime_sandboxes' `execute_command` and a transport's `exec` call, answered by
+    """Tool-server side: prime_sandboxes' `execute_command` and a transport's `run_cell` call, answered by
     the eval process's sandboxes."""
 
     def __init__(self, path: str):
@@ -89,7 +89,7 @@ class RelayClient:
 
     async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
         """Transport.call for the tool server: cells only."""
-        if op != "exec":
+        if op != "run_cell":
             raise RelayError(f"the relay serves cells and shell commands, not {op!r}")
         reply = await self._relay(sandbox_id, {"sandbox_id": sandbox_id, "code": fields["code"], "timeout": timeout}, op)
         return reply["cell"]

@@ -9,8 +9,8 @@ import verifiers.v1 as vf
 from prime_sandboxes import CommandTimeoutError
 
 from ptenv.env.v1_relay import RelayClient
-from ptenv.host import rollout, tool_input
-from ptenv.inside.protocol import Limits, model_text
+from ptenv.host import requests, tool_input
+from ptenv.inside.protocol import Limits, model_text, one_line
 
 
 class PyTorchState(vf.State):
@@ -48,9 +48,10 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
             return error
         try:
             sandbox_id = self._sandbox_id()
-            return await rollout.run_cell(self.sandbox.call, sandbox_id, code, self.config.cell_deadline, self.limits)
+            return await requests.run_cell(self.sandbox.call, sandbox_id, code, timeout=self.config.cell_deadline,
+                                           limits=self.limits)
         except Exception as e:  # v1 shows the model the error; finalize then finds the sandbox broken
-            raise RuntimeError(f"the sandbox did not answer: {rollout.one_line(e)}") from None
+            raise RuntimeError(f"the sandbox did not answer: {one_line(e)}") from None
 
     @vf.tool
     async def bash(self, command: str) -> str:
@@ -67,7 +68,7 @@ class PyTorchTools(vf.Toolset[PyTorchToolsConfig, PyTorchState]):
         except CommandTimeoutError:
             return f"Error: Command timed out after {timeout:g}s"
         except Exception as e:
-            raise RuntimeError(f"the sandbox did not answer: {rollout.one_line(e)}") from None
+            raise RuntimeError(f"the sandbox did not answer: {one_line(e)}") from None
         # The classic SandboxEnv's `bash` answers in this form; keep the two adapters alike.
         output = response.stdout
         if response.stderr:

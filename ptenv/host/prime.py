@@ -3,10 +3,10 @@ Prime's service. Only where the sandbox lives differs; every step is a prime_san
 
 The container's start command unpacks ptenv/inside (shipped in an environment variable),
 installs the CPU torch wheel of the host's torch version (so the references reproduce), puts the
-`ptenv-session` client on PATH and starts the supervisor. Setup then waits until the server
-answers; from there on the harness's requests are `ptenv-session` commands that Prime runs as
-root (`caller`), and the model's own bash commands go through it too (`model_shell`), to run as
-the model's uid.
+`ptenv-request` client on PATH and starts the supervisor. Setup then waits until the server
+answers; from there on the harness's requests are `ptenv-request` commands that Prime runs as
+root (`command_call`), and the model's own bash commands go through it too (`model_shell`), to run
+as the model's uid.
 """
 
 import asyncio
@@ -19,13 +19,12 @@ import torch
 from prime_sandboxes import CreateSandboxRequest, StartCommand
 
 from ptenv import inside
-from ptenv.host import commands
-from ptenv.host.commands import ProtocolError
+from ptenv.host import requests
 from ptenv.inside.protocol import MAX_FRAME, MAX_RESULT_REPLY, Limits, one_line
 
 IMAGE = "python:3.11-slim"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
-SESSION_SOCKET = "/run/ptenv.sock"
+SUPERVISOR_SOCKET = "/run/ptenv.sock"
 READY_TIMEOUT = 900  # seconds for the container to install torch and start the supervisor
 READY_POLL = 2.0
 
@@ -34,35 +33,35 @@ set -e
 mkdir -p /opt/ptenv
 printf '%s' "$PTENV_INSIDE" | base64 -d | tar -xz -C /opt/ptenv
 pip install --no-cache-dir --quiet --index-url {TORCH_INDEX} "torch==$PTENV_TORCH"
-printf '#!/bin/sh\\nPYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.prime_cli "$@"\\n' > /usr/local/bin/ptenv-session
-chmod +x /usr/local/bin/ptenv-session
+printf '#!/bin/sh\\nPYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.prime_cli "$@"\\n' > /usr/local/bin/ptenv-request
+chmod +x /usr/local/bin/ptenv-request
 cd /tmp
-PYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.main serve {SESSION_SOCKET}
+PYTHONPATH=/opt/ptenv exec python3 -m ptenv.inside.main serve {SUPERVISOR_SOCKET}
 """
 
-READY_COMMAND = f"test -S {SESSION_SOCKET}"
+READY_COMMAND = f"test -S {SUPERVISOR_SOCKET}"
 
 
-def session_command(op: str, fields: dict) -> str:
+def request_command(op: str, fields: dict) -> str:
     """A request to the supervisor as the command that runs ptenv/inside/prime_cli.py as root."""
-    return f"ptenv-session {op} {base64.b64encode(json.dumps(fields).encode()).decode()}"
+    return f"ptenv-request {op} {base64.b64encode(json.dumps(fields).encode()).decode()}"
 
 
 def model_shell(command: str, cwd: str | None, timeout: float) -> tuple[str, None]:
-    """The model's bash command as `ptenv-session sh ...`: Prime runs commands as the container's
+    """The model's bash command as `ptenv-request shell ...`: Prime runs commands as the container's
     root, the supervisor runs this one as the model's uid (supervisor.py, `serve`)."""
-    return session_command("sh", {"command": command, "cwd": cwd, "timeout": timeout}), None
+    return request_command("shell", {"command": command, "cwd": cwd, "timeout": timeout}), None
 
 
-def caller(client, limits: Limits):
-    """Transport.call for Prime: the harness's requests as root-run `ptenv-session` commands."""
+def command_call(client, limits: Limits):
+    """Transport.call for Prime: the harness's requests as root-run `ptenv-request` commands."""
 
     async def call(sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
-        reply = await client.execute_command(sandbox_id, session_command(op, {**fields, "timeout": timeout}), timeout=timeout)
+        reply = await client.execute_command(sandbox_id, request_command(op, {**fields, "timeout": timeout}), timeout=timeout)
         if reply.exit_code != 0:
-            raise ProtocolError(f"`ptenv-session {op}` exited with {reply.exit_code}: {one_line(reply.stderr)}")
-        cap = {"result": MAX_RESULT_REPLY, "hidden": MAX_FRAME}.get(op, limits.cell_reply_cap)
-        return commands.load_reply(reply.stdout, cap, op, ProtocolError)
+            raise RuntimeError(f"`ptenv-request {op}` exited with {reply.exit_code}: {one_line(reply.stderr)}")
+        cap = {"read_result": MAX_RESULT_REPLY, "trial": MAX_FRAME}.get(op, limits.cell_reply_cap)
+        return requests.load_reply(reply.stdout, cap, op)
 
     return call
 

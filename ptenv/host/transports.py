@@ -27,7 +27,7 @@ class Transport:
     # The model's bash command, working dir and timeout -> the command and working dir to execute,
     # so that it runs as the model (the local supervisor runs every shell that way already).
     model_shell: Callable[[str, str | None, float], tuple[str, str | None]]
-    # The harness's own requests (exec, preload, result): (sandbox id, op, fields, timeout) -> the
+    # The harness's own requests (ptenv.host.requests): (sandbox id, op, fields, timeout) -> the
     # reply document. A channel of its own: nothing the model's bash sends can reach it.
     call: Callable[[str, str, dict, float], Awaitable[dict]]
     # In force in every sandbox of this transport: the host reads the replies by the same limits
@@ -73,7 +73,7 @@ def prime(limits: Limits = LIMITS) -> Transport:
         wait_ready=lambda sandbox_id: prime.wait_for_supervisor(client, sandbox_id),
         delete_all=prime.delete_all,
         model_shell=prime.model_shell,
-        call=prime.caller(client, limits),
+        call=prime.command_call(client, limits),
         limits=limits,
     )
 

@@ -1,5 +1,5 @@
-"""The ban of a function task's hardest level: what the answer reimplements is absent from the judge
-(judge.py) before the answer's source runs, made of nothing the answer can reach or undo.
+"""The ban of a function task's hardest level: what the answer reimplements is absent from the caller
+(caller.py) before the answer's source runs, made of nothing the answer can reach or undo.
 
 - The op's kernels: a raising kernel is registered for every CPU-side dispatch key.
   The registrations' handles are pybind objects, which the garbage collector does not list, and
@@ -10,13 +10,13 @@
   gets a body that raises (found once per process, at import, where torch was imported).
 - Native calls: libffi's call entry points are overwritten with a trapping instruction, so ctypes
   (and anything else calling through libffi) cannot call into libtorch's symbols without the
-  dispatcher; loading a new native library is refused by the judge's seccomp filter
+  dispatcher; loading a new native library is refused by the caller's seccomp filter
   (seccomp.BAN_RULES: no executable mapping, no file opened for writing, so no /proc/self/mem).
 - torch's decomposition sources: unreadable (Landlock), so fresh copies cannot be compiled from them.
 - Autograd, where the level asks for the answer's own derivation: the autograd engine's entry
   points trap, and forward mode's dual tensors (aten::_make_dual) are banned.
 
-A trapped instruction kills the judge: the supervisor names the ban as the reason (TRAPS).
+A trapped instruction kills the caller: the supervisor names the ban as the reason (TRAPS).
 """
 
 import ctypes
@@ -40,7 +40,7 @@ DISPATCH_KEYS = ("CPU", "SparseCPU", "SparseCsrCPU", "MkldnnCPU", "QuantizedCPU"
                  "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd")
 FORWARD_MODE = ("_make_dual",)
 UD2, INT3 = b"\x0f\x0b", b"\xcc" * 16
-# How a judge killed by a trap is described (the supervisor's reason for that case).
+# How a caller killed by a trap is described (the supervisor's reason for that case).
 TRAPS = {signal.SIGILL: "called native code through libffi (ctypes), which the ban removes",
          signal.SIGTRAP: "ran torch's autograd engine, which this level removes (derive the gradient yourself)"}
 ENGINE = ("_ZN5torch8autograd6Engine7executeERKSt6vectorINS0_4EdgeESaIS3_EERKS2_IN2at6TensorESaIS9_EEbbbS7_",
@@ -57,7 +57,7 @@ FFI_ENTRIES = tuple(symbol(_ctypes.__file__, name) for name in ("ffi_call", "ffi
 ENGINE_ENTRIES = tuple(symbol(TORCH_CPU, name) for name in ENGINE)
 TORCH_DIR = os.path.realpath(os.path.dirname(torch.__file__))
 PYTHON_ROOTS = tuple(os.path.join(os.path.dirname(torch.__file__), d) + os.sep for d in ("_decomp", "_refs", "_prims"))
-# Their sources are unreadable in the judge, with inductor's (which has decompositions of its own),
+# Their sources are unreadable in the caller, with inductor's (which has decompositions of its own),
 # so the answer cannot compile fresh copies there (Landlock).
 HIDDEN_SOURCES = tuple(os.path.join(TORCH_DIR, d) for d in ("_decomp", "_refs", "_prims", "_inductor"))
 PYTHON_IMPLEMENTATIONS = [o for o in gc.get_objects()
@@ -110,13 +110,13 @@ def remove_kernels(packets: tuple[str, ...]) -> None:
 
 def banned_kernel(name: str):
     def kernel(*args, **kwargs):
-        raise RuntimeError(f"{name} is banned in this task's hidden phase: implement it without it")
+        raise RuntimeError(f"{name} is banned in this task's trial: implement it without it")
     return kernel
 
 
 def remove_python_implementations() -> None:
     def removed(*args, **kwargs):
-        raise RuntimeError("torch's Python decompositions and refs are banned in this task's hidden phase")
+        raise RuntimeError("torch's Python decompositions and refs are banned in this task's trial")
     for f in PYTHON_IMPLEMENTATIONS:
         f.__code__ = removed.__code__.replace(co_freevars=f.__code__.co_freevars)
 

@@ -44,7 +44,7 @@ class Interpreter:
         signal.signal(signal.SIGALRM, self.on_alarm)
         signal.signal(signal.SIGCHLD, reap_children)
         self.namespace = new_namespace({})
-        self.load(inputs)
+        self.preload(inputs)
 
     def serve(self) -> None:
         dumps, loads, getpid, exit_now = json.dumps, json.loads, os.getpid, os._exit
@@ -56,10 +56,10 @@ class Interpreter:
             request = loads(frame)
             op = request["op"]
             raw = None
-            if op == "exec":
+            if op == "run_cell":
                 reply = dumps(self.run_cell(request["code"], request["limit"])).encode()
-            elif op == "load":
-                reply = self.load(request["inputs"]).encode()
+            elif op == "preload":
+                reply = self.preload(request["inputs"]).encode()
             else:
                 doc, raw = self.read_result()
                 reply = dumps(doc).encode()
@@ -69,7 +69,7 @@ class Interpreter:
             if raw is not None:
                 send_raw(self.control, [raw])
 
-    def load(self, inputs: str) -> str:
+    def preload(self, inputs: str) -> str:
         """Start a fresh namespace with the inputs preloaded; 'ok' or a one-line error."""
         try:
             encoded = json.loads(inputs)
@@ -126,7 +126,7 @@ class Interpreter:
         return {"status": status, "traceback": tb}
 
     def read_result(self) -> tuple[dict, bytearray | None]:
-        """The reply to `result`: its document, and when it is a tensor, the tensor's raw bytes,
+        """The reply to `read_result`: its document, and when it is a tensor, the tensor's raw bytes,
         which go in a frame of their own after it (the supervisor reads them knowing their size)."""
         value = self.namespace.get("result", self)
         if value is self:

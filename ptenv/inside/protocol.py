@@ -22,12 +22,11 @@ MAX_TENSOR_BYTES = 32 << 20
 MAX_RESULT_REPLY = (MAX_TENSOR_BYTES + 2) // 3 * 4 + 4096
 MAX_FRAME = MAX_RESULT_REPLY + 4096  # a supervisor's reply to the host: one result reply, wrapped
 PIECE = 3 << 20  # raw bytes base64-encoded at a time (a multiple of 3: the pieces' encodings join)
-# A function task's hidden phase (judge.py): at most this many cases per rollout, outputs per call,
-# and bytes of one encoded output; so a hidden-phase reply stays under MAX_FRAME.
+# A function task's trial (trial.py, caller.py): at most this many cases per rollout, outputs per
+# call, and bytes of one encoded output; so a trial's reply stays under MAX_FRAME.
 MAX_HIDDEN_CASES = 32
 MAX_HIDDEN_OUTPUTS = 8
 HIDDEN_OUTPUT_CAP = 128 * 1024
-REPLY_KEYS = {"result": "result", "hidden": "hidden"}  # the key of a reply's document, by request; others: "cell"
 
 
 class FrameError(ValueError):

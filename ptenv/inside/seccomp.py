@@ -75,15 +75,15 @@ ABSENT = {"x86_64": set(), "aarch64": {"iopl", "ioperm", "modify_ldt", "uselib",
 # read, so it answers ENOSYS and the C library falls back to clone().
 NAMESPACE_FLAGS = 0x7E020000
 CLONE_THREAD = 0x00010000
-# A function task's judge (judge.py), on top of the sandbox filter: no new process and no new
+# A function task's caller (caller.py), on top of the sandbox filter: no new process and no new
 # program once the answer runs, so that only the process the supervisor started answers, and a
 # call's time limit, enforced by killing that process, ends everything the call did. Threads may
 # still start (clone with CLONE_THREAD; clone3 already answers ENOSYS).
-JUDGE_RULES = {"fork": EPERM, "vfork": EPERM, "execve": EPERM, "execveat": EPERM,
+CALLER_RULES = {"fork": EPERM, "vfork": EPERM, "execve": EPERM, "execveat": EPERM,
                "clone": ((0, SOME_OF, CLONE_THREAD),)}
-# A judge under a ban (ban.py), on top: no new executable memory (so no native library loads and no
+# A caller under a ban (ban.py), on top: no new executable memory (so no native library loads and no
 # code written at run time), no file opened for writing (so no /proc/self/mem to undo the ban's
-# traps), and no handler for the traps' signals (so a trap ends the judge with the ban's reason).
+# traps), and no handler for the traps' signals (so a trap ends the caller with the ban's reason).
 # openat2 passes its flags in memory: ENOSYS, and the C library uses openat.
 PROT_EXEC, SHM_EXEC = 0x4, 0o100000
 WRITE_FLAGS = 0o1 | 0o2  # O_WRONLY | O_RDWR

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ptenv.report.build import build_comparison, build_report
 from ptenv.report.runs import RunError, load_run
-from ptenv.host.commands import one_line
+from ptenv.inside.protocol import one_line
 
 
 def write_all(out: Path, files: dict[str, bytes]) -> None:

@@ -1,16 +1,16 @@
 """Why a rollout failed, told from what its run recorded.
 
-The verdict's kind (ptenv.grader.Kind) names the failure. Every run records the verdict: v1 in
-each trace's info, classic in each row's info (and at the row's top level with
-`vf-eval -C scoring_error,verdict`). Runs saved before verdicts had a kind are told by their
-reason's wording, and runs saved with no verdict at all by the 0-weight metrics, which tell all
+The verdict's outcome (ptenv.grader.Outcome; runs saved before 0.5.0 call it `kind`) names the
+failure. Every run records the verdict: v1 in each trace's info, classic in each row's info (and at
+the row's top level with `vf-eval -C scoring_error,verdict`). Runs saved before verdicts had an
+outcome are told by their reason's wording, and runs saved with no verdict at all by the 0-weight metrics, which tell all
 reasons apart but one: a result with neither the right shape nor the right dtype may also be an
 invalid answer (not a plain tensor); such rollouts count as invalid answers and are reported as
 guessed.
 """
 
 REASONS = ("no result", "shape", "dtype", "values", "invalid answer", "error", "timeout", "harness error")
-REASON_OF_KIND = {"pass": "pass", "no_result": "no result", "shape": "shape", "dtype": "dtype", "values": "values",
+REASON_OF_OUTCOME = {"pass": "pass", "no_result": "no result", "shape": "shape", "dtype": "dtype", "values": "values",
                   "invalid_result": "invalid answer", "error": "error", "timeout": "timeout",
                   "not_graded": "harness error"}
 DIAGNOSTICS = ("result_present", "shape_match", "dtype_match")
@@ -24,11 +24,12 @@ def classify(record: dict) -> tuple[str, bool]:
     if record["reward"] == 1.0:
         return "pass", False
     verdict = record["verdict"]
-    if isinstance(verdict, dict) and "kind" in verdict:
-        if verdict["kind"] not in REASON_OF_KIND:
-            raise ValueError(f"its verdict's kind {verdict['kind']!r} is not one of {sorted(REASON_OF_KIND)}")
-        return REASON_OF_KIND[verdict["kind"]], False
-    if isinstance(verdict, dict) and isinstance(verdict.get("reason"), str):  # saved before verdicts had a kind
+    outcome = verdict.get("outcome", verdict.get("kind")) if isinstance(verdict, dict) else None
+    if outcome is not None:
+        if outcome not in REASON_OF_OUTCOME:
+            raise ValueError(f"its verdict's outcome {outcome!r} is not one of {sorted(REASON_OF_OUTCOME)}")
+        return REASON_OF_OUTCOME[outcome], False
+    if isinstance(verdict, dict) and isinstance(verdict.get("reason"), str):  # saved before verdicts had an outcome
         return from_reason(verdict["reason"]), False
     if any(metrics.get(key) not in (0.0, 1.0) for key in DIAGNOSTICS):
         raise ValueError(f"neither a verdict nor the {', '.join(DIAGNOSTICS)} metrics are recorded")
@@ -43,7 +44,7 @@ def classify(record: dict) -> tuple[str, bool]:
 
 
 def from_reason(reason: str) -> str:
-    """The failure the reason of a verdict saved before verdicts had a kind names (the grader's
+    """The failure the reason of a verdict saved before verdicts had an outcome names (the grader's
     wording then: shape before dtype, "values:" first, "no result", "not graded")."""
     if reason == "no result":
         return "no result"

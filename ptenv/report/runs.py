@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ptenv.report.reasons import classify
-from ptenv.host.commands import one_line
+from ptenv.inside.protocol import one_line
 
 ENV_ID = "pytorch-env"
 RESULT_FILES = ("results.jsonl", "traces.jsonl")

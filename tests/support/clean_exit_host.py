@@ -12,7 +12,7 @@ import asyncio
 import sys
 
 from ptenv.host import transports
-from ptenv.host.commands import exec_fields
+
 
 
 def say(line: str) -> None:
@@ -23,7 +23,7 @@ def say(line: str) -> None:
 async def ready(transport) -> None:
     client = transport.client
     ids = [(await client.create(transport.request)).id for _ in range(3)]
-    doc = await client.call(ids[0], "exec", exec_fields("print(6 * 7)"), 60)
+    doc = await client.call(ids[0], "run_cell", {"code": "print(6 * 7)"}, 60)
     assert doc["stdout"] == "42\n", doc
     say("ready")
     if await asyncio.to_thread(sys.stdin.readline) == "exit\n":
@@ -33,7 +33,7 @@ async def ready(transport) -> None:
 async def starting(transport) -> None:
     client = transport.client
     create = asyncio.create_task(client.create(transport.request))
-    while client._forkserver is None:
+    while client.pool.forkserver is None:
         await asyncio.sleep(0.001)
     say("starting")
     await create

@@ -105,7 +105,7 @@ class FakePrimeService:
 
             async def execute_command(self, sandbox_id, command, working_dir=None, timeout=None, **kwargs):
                 service.record("execute_command", sandbox_id, command, working_dir, timeout)
-                service.check_failure(command.split()[1] if command.startswith("ptenv-session") else "shell")
+                service.check_failure(command.split()[1] if command.startswith("ptenv-request") else "shell")
                 container = service.containers.get(sandbox_id)
                 if container is None or container.start.poll() is not None:
                     raise SandboxNotRunningError(sandbox_id, message=f"sandbox {sandbox_id} is not running")
@@ -131,10 +131,10 @@ class FakePrimeService:
         return FakeAsyncSandboxClient
 
     def steps(self) -> list[str]:
-        """The calls in order, each named by its method (and a session command by its verb)."""
+        """The calls in order, each named by its method (and a `ptenv-request` command by its op)."""
         names = []
         for call in self.calls:
-            if call[0] == "execute_command" and call[2].startswith("ptenv-session"):
+            if call[0] == "execute_command" and call[2].startswith("ptenv-request"):
                 names.append(call[2].split()[1])
             elif call[0] == "execute_command":
                 names.append(f"sh: {call[2]}")

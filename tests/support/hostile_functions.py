@@ -1,4 +1,4 @@
-"""Hostile answers to function tasks: what an answer may do in the hidden phase (issue 23's trust
+"""Hostile answers to function tasks: what an answer may do in the trial (issue 23's trust
 list). Each is the source of a final message's code block, written from what a model sees (the
 function's name); none can earn 1.0 unless a defence is missing, and none may become a harness
 error. The scripted `function_hostile` policy plays one per task position."""

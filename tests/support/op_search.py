@@ -17,7 +17,7 @@ Some ops crash the process or hang on inputs they were not meant for, so the sea
 child process, which keeps where it is (op, mode, binding) in a shared file; the parent restarts it
 after the binding it died or hung on (SKIP lists ops known to crash on most bindings, to save the
 restarts). With `--ban` the child first installs the family's ban, as
-the judge does: then nothing must be found (tests/test_ban.py).
+the caller does: then nothing must be found (tests/test_ban.py).
 
 Run it: .venv/bin/python -m tests.support.op_search advanced/tensor_ops/scatter_reduce_fn
 (or a function name: scatter_reduce; or `all` for every family with a ban).

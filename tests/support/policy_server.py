@@ -90,7 +90,7 @@ MALFORMED_CALLS = [
     ("bash", {"command": "echo \ud800"}),  # a lone surrogate
     ("bash", {"command": ["ls", "-la"]}),
     ("bash", {"command": 123}),
-    ("bash", {"command": "ptenv-session result"}),  # the harness's own request, from the model's shell
+    ("bash", {"command": "ptenv-request read_result"}),  # the harness's own request, from the model's shell
     ("execute_code", {"code": None}),
     ("execute_code", {"code": ["print(1)"]}),
     ("execute_code", {"code": "x = '\ud800'"}),

@@ -81,7 +81,7 @@ def supervisor_of(client, sandbox_id: str) -> tuple[int, int]:
     server knows by the sandbox's pid. Read from /proc/*/status and stat, which any user may read
     (rootless, every sandbox process has the host user's uid)."""
     fork_server_pid = str(client._boxes[sandbox_id].pid)
-    for pid, start in tree([client._forkserver.pid]).items():
+    for pid, start in tree([client.pool.forkserver.pid]).items():
         if nspids(pid)[1:] == [fork_server_pid, "1"]:
             return pid, start
     raise LookupError(f"no supervisor for {sandbox_id}")

@@ -5,7 +5,7 @@ import time
 from prime_sandboxes import CreateSandboxRequest
 
 from tests.support.proctree import sandbox_processes, supervisor_of
-from ptenv.host.commands import exec_fields, parse_exec_reply, parse_result_reply
+from ptenv.host.requests import parse_cell_reply, parse_result_doc
 from ptenv.host.local import LocalSandboxClient
 
 REQUEST = CreateSandboxRequest(name="test", docker_image="local")
@@ -33,14 +33,14 @@ class Box:
 
     async def cell(self, code: str, timeout: float | None = None):
         """Run a cell; `timeout` below the client's cell time limit lowers it for this cell."""
-        doc = await self.client.call(self.id, "exec", exec_fields(code), timeout or WAIT)
-        return parse_exec_reply(doc, self.client.limits)
+        doc = await self.client.call(self.id, "run_cell", {"code": code}, timeout or WAIT)
+        return parse_cell_reply(doc, self.client.limits)
 
     async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
         return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
 
     async def result(self):
-        return parse_result_reply(await self.client.call(self.id, "result", {}, WAIT))
+        return parse_result_doc(await self.client.call(self.id, "read_result", {}, WAIT))
 
     def processes(self) -> list[int]:
         """Its supervisor's and the model's processes, as host pids (the supervisor first)."""

@@ -1,4 +1,4 @@
-"""The judge: the process of a function task's hidden phase. The supervisor forks it (torch already
+"""The caller: the process of a function task's trial. The supervisor forks it (torch already
 imported, not the model's live session), as the model, after the rollout's last turn; it runs the
 answer's source once, then calls the function on each hidden case the supervisor sends, and sends
 back each call's outputs, encoded.
@@ -42,11 +42,11 @@ def prepare(ban: dict | None) -> bool:
     """Before the answer runs: the ban, if any, then the filters, then the ban's native traps (the
     filters' installation is the harness's last foreign call). Whether the OS refuses all it should."""
     if ban is None:
-        return refuse_new_processes(seccomp.JUDGE_RULES)
+        return refuse_new_processes(seccomp.CALLER_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
         op_ban.remove(tuple(ban["ops"]), ban["autograd"])
-        hidden = op_ban.hide_sources()
-        protected = refuse_new_processes({**seccomp.JUDGE_RULES, **seccomp.BAN_RULES}) and hidden
+        sources_hidden = op_ban.hide_sources()
+        protected = refuse_new_processes({**seccomp.CALLER_RULES, **seccomp.BAN_RULES}) and sources_hidden
         op_ban.seal(memory, ban["autograd"])
     return protected
 
@@ -103,8 +103,8 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
 
 # What the filters refuse, named in the reason of an answer that tried it (seccomp answers EPERM,
 # Landlock EACCES; the loader reports a refused executable mapping in its own words).
-REFUSED = {False: "refused in the hidden phase: no new process or program",
-           True: "banned in the hidden phase: no new process, program, native library, file opened for writing "
+REFUSED = {False: "refused in the trial: no new process or program",
+           True: "banned in the trial: no new process, program, native library, file opened for writing "
                  "or torch decomposition source"}
 LOADER_REFUSALS = ("failed to map segment", "Could not load this library")
 

@@ -1,0 +1,44 @@
+"""What both verifiers adapters do for one rollout: start its session, and assess it once it ends,
+a result task or a function task, from the task's row."""
+
+from ptenv.host import answer, assess, requests
+from ptenv.host.blame import HarnessFault
+from ptenv.host.transports import Transport
+from ptenv.inside.protocol import one_line
+from ptenv.tasks.functions import HiddenCases
+from ptenv.tasks.rows import TaskRow
+from ptenv.tasks.tiers import find_family
+
+
+async def start_session(row: TaskRow, transport: Transport, sandbox_id: str) -> None:
+    """Wait for the sandbox's supervisor, then preload the row's inputs."""
+    await transport.wait_ready(sandbox_id)
+    await requests.preload(transport.call, sandbox_id, row.inputs, timeout=transport.command_timeout,
+                           limits=transport.limits)
+
+
+async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *, final_message: str,
+                         cases: HiddenCases, partial_credit: bool) -> assess.Assessment:
+    """Never raises: a harness fault is an Assessment with a scoring_error."""
+    if row.kind == "result":
+        return await assess.assess_result(transport.call, sandbox_id, expected=row.expected,
+                                          timeout=transport.command_timeout)
+    family = find_family(row.family)[1]
+    try:
+        drawn = cases.of(family, row.seed)
+    except Exception as e:  # a family that cannot draw its cases is the harness's failure
+        return assess.assessment_of(HarnessFault("drawing the hidden cases", one_line(e)))
+    source = answer.function_source(final_message, row.function)
+    return await assess.assess_function(transport.call, sandbox_id, source=source, name=row.function,
+                                        cases=drawn, ban=family.ban(row.level), limits=transport.limits,
+                                        partial_credit=partial_credit)
+
+
+def error_chain(error: BaseException) -> str:
+    """One line for an exception and what caused it (verifiers wraps the errors it stops on)."""
+    parts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        parts.append(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
+        error = error.__cause__ or error.__context__
+    return one_line(" <- ".join(parts))

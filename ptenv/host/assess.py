@@ -1,0 +1,101 @@
+"""Assessing a finished rollout on the host: a result task's `result` against its expected output,
+or a function task's answer on its hidden cases. This is the one place where a fault (blame.py)
+becomes an outcome: a ModelFault a 0.0 verdict with its reason, a HarnessFault a 0.0 verdict with
+a scoring_error, and any other exception, a bug of ours, a HarnessFault too.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from ptenv.grader import Verdict, grade, grade_outputs
+from ptenv.host import answer, requests
+from ptenv.host.blame import HarnessFault, ModelFault
+from ptenv.host.requests import CaseResult
+from ptenv.inside.protocol import Limits, one_line
+
+FAILED_CALLS = {"error": "error", "died": "error", "timeout": "timeout", "invalid": "invalid_result"}  # -> outcome
+
+
+@dataclass(frozen=True)
+class Assessment:
+    verdict: Verdict
+    scoring_error: str | None = None
+    hidden_pass_fraction: float | None = None  # function tasks: the fraction of hidden cases passed
+
+    def as_state(self) -> dict:
+        state = {"verdict": asdict(self.verdict), "scoring_error": self.scoring_error}
+        if self.hidden_pass_fraction is not None:
+            state["hidden_pass_fraction"] = self.hidden_pass_fraction
+        return state
+
+
+def assessment_of(fault: Exception, hidden_pass_fraction: float | None = None) -> Assessment:
+    """The one rule of blame: a ModelFault is the model's 0.0; anything else is the harness's."""
+    if isinstance(fault, ModelFault):
+        verdict = Verdict.failed(fault.outcome, fault.reason, result_present=fault.result_present)
+        return Assessment(verdict, None, hidden_pass_fraction)
+    reason = str(fault) if isinstance(fault, HarnessFault) else f"grading failed: {type(fault).__name__}: {one_line(fault)}"
+    return Assessment(Verdict.failed("not_graded", "not graded", result_present=False), one_line(reason))
+
+
+async def assess_result(call, sandbox_id: str, *, expected: torch.Tensor, timeout: float) -> Assessment:
+    """Read `result` back and grade it. Never raises."""
+    try:
+        return Assessment(grade(await requests.read_result(call, sandbox_id, timeout=timeout), expected))
+    except Exception as fault:
+        return assessment_of(fault)
+
+
+async def assess_function(call, sandbox_id: str, *, source: str | None, name: str, cases: list, ban: dict | None,
+                          limits: Limits, partial_credit: bool) -> Assessment:
+    """Run the answer's function (its source, None if there is none: answer.function_source) on the
+    hidden cases [(class, arguments, reference outputs)] in the sandbox, under the ban if any, and
+    grade each case. Never raises."""
+    try:
+        check_source(source, name)
+        results, protected = await requests.trial(call, sandbox_id, source=source, name=name,
+                                                  cases=[args for _, args, _ in cases], ban=ban, limits=limits)
+        verdict, fraction = trial_verdict(results, [c for c, _, _ in cases], [e for _, _, e in cases],
+                                          partial_credit=partial_credit)
+    except Exception as fault:
+        return assessment_of(fault, hidden_pass_fraction=0.0)
+    if not protected:
+        verdict = replace(verdict, reason=verdict.reason + " (ran with less protection: the OS did not refuse all the trial refuses)")
+    return Assessment(verdict, None, fraction)
+
+
+def check_source(source: str | None, name: str) -> None:
+    """A ModelFault if there is no answer to run."""
+    if source is None:
+        raise ModelFault("no_result", f"no ```python block defining `{name}` in the final message", result_present=False)
+    if len(source) > answer.MAX_ANSWER_CHARS:
+        raise ModelFault("invalid_result",
+                         f"the answer's code block has {len(source)} characters; at most {answer.MAX_ANSWER_CHARS} are run")
+
+
+def trial_verdict(results: list[CaseResult], classes: list[str], expected: list[list[torch.Tensor]], *,
+                  partial_credit: bool) -> tuple[Verdict, float]:
+    """(the verdict, the fraction of cases passed): the verdict's score is 1.0 only when every case
+    passes (or the fraction, with partial credit); its outcome and reason are the first failing case's."""
+    first, passed = None, 0
+    for i, (result, name, outputs) in enumerate(zip(results, classes, expected)):
+        if result.outputs is None:
+            case = Verdict.failed(FAILED_CALLS[result.status], result.reason, result_present=False)
+        else:
+            case = grade_outputs(result.outputs, outputs)
+        passed += case.score == 1.0
+        if case.score != 1.0 and first is None:
+            first = (i, name, case)
+    fraction = passed / len(results)
+    if first is None:
+        return Verdict.passed(f"all {len(results)} hidden cases pass"), 1.0
+    i, name, case = first
+    reason = f"hidden case {i + 1} of {len(results)} ({name}) failed: {case.reason}; {passed} of {len(results)} pass"
+    return Verdict.failed(case.outcome, reason, result_present=case.result_present, shape_match=case.shape_match,
+                          dtype_match=case.dtype_match, score=fraction if partial_credit else 0.0), fraction
+
+
+def harness_fault(reason: str) -> Assessment:
+    """A rollout that failed before it could be assessed (setup, a tool or the model's endpoint)."""
+    return assessment_of(HarnessFault("the rollout", reason))
