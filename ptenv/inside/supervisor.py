@@ -19,7 +19,7 @@ import socket
 import subprocess
 import time
 
-from ptenv.inside import ban as op_ban
+from ptenv.inside import allowlist
 from ptenv.inside import cgroups, codec, judge
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
@@ -584,8 +584,8 @@ class Supervisor:
     # -- a function task's hidden phase
 
     def hidden(self, source: str, name: str, cases: list, call_limit: float, ban: dict | None, limit: float) -> dict:
-        """Run the answer's function on each hidden case in a judge (judge.py), under the ban if
-        any ({"ops", "autograd"}, ban.py), each call within `call_limit`: {"load": why the answer
+        """Run the answer's function on each hidden case in a judge (judge.py), under the allowlist
+        if any ({"allow", "autograd"}, allowlist.py), each call within `call_limit`: {"load": why the answer
         could not be loaded or None, "protected": whether the judge could not start processes,
         "cases": one report per case}. A judge that times out, dies or answers out of protocol is
         killed, that case is the model's failure, and a fresh judge takes the next case."""
@@ -648,9 +648,10 @@ class Supervisor:
         if frame is None:
             if failure is None:
                 return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
-            trap = os.waitstatus_to_exitcode(s["status"]) if banned and s["status"] is not None else 0
-            if -trap in op_ban.TRAPS:
-                return {"status": "died", "reason": f"banned: the function {op_ban.TRAPS[-trap]}"}
+            code = os.waitstatus_to_exitcode(s["status"]) if banned and s["status"] is not None else 0
+            if code in allowlist.TRAPS or -code == signal.SIGSEGV:
+                why = allowlist.TRAPS.get(code, allowlist.OTHER_CODE)
+                return {"status": "died", "reason": f"not on the allowlist: the function {why}"}
             return {"status": "died", "reason": model_text(one_line(failure, 200))}
         head = bounded_loads(frame)
         status = head.get("status") if isinstance(head, dict) else None
