@@ -1,5 +1,5 @@
 """The operations a function task's hardest level allows (ptenv/inside/allowlist.py removes every
-other): groups of aten ops (overload packets, every overload and in-place or out= form of each),
+other): groups of aten ops (overload packets, each with every overload and its in-place and out= forms),
 each named for the instruction the way a model writes it.
 
 Every family gets BASE; some get more groups, and a family's `banned` takes out what would compute
@@ -36,22 +36,22 @@ VIEWS = Group(
     "views and reshapes (`view`, `reshape`, `flatten`, `permute`, `transpose`, `.T`, `squeeze`, `unsqueeze`, "
     "`expand`, `narrow`, slicing `x[a:b:s]`, `select`, `unbind`, `split`, `chunk`, `flip`, `roll`, `repeat`, `movedim`, "
     "`diagonal`, constant padding `F.pad(x, p)`)",
-    ("as_strided", "as_strided_", "view", "_unsafe_view", "_reshape_alias", "alias", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
+    ("as_strided", "view", "_unsafe_view", "_reshape_alias", "alias", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
      "slice", "select", "narrow", "split", "split_with_sizes", "unbind", "chunk", "diagonal", "flip", "detach",
      "lift_fresh", "view_as_real", "view_as_complex", "unsafe_split", "unsafe_split_with_sizes", "_unsafe_index",
-     "unsqueeze_", "squeeze_", "transpose_", "t_", "detach_", "constant_pad_nd", "repeat", "roll"))
+     "constant_pad_nd", "repeat", "roll"))
 CREATION = Group(
     "creation and copies (`torch.tensor`, `zeros`, `ones`, `full`, `empty`, `arange`, `linspace`, the `*_like` and "
     "`new_*` forms, `clone`, `contiguous`, `.to(dtype)`, `.float()`, `.long()`, `copy_`, `fill_`, `zero_`, `item`)",
     ("empty", "empty_strided", "empty_like", "empty_permuted", "zeros", "zeros_like", "ones", "ones_like", "full",
      "full_like", "scalar_tensor", "arange", "linspace", "eye", "new_empty", "new_empty_strided", "new_zeros",
-     "new_ones", "new_full", "clone", "copy", "copy_", "_to_copy", "_copy_from", "_copy_from_and_resize",
-     "fill", "fill_", "zero", "zero_", "resize_", "_local_scalar_dense", "lift", "lift_fresh_copy", "resize_as_",
+     "new_ones", "new_full", "clone", "copy", "_to_copy", "_copy_from", "_copy_from_and_resize",
+     "fill", "zero", "resize", "_local_scalar_dense", "lift", "lift_fresh_copy", "resize_as",
      "tril", "triu", "_assert_async", "_assert_scalar", "_functional_assert_async", "_assert_tensor_metadata"))
 JOINING = Group("joining (`torch.cat`, `torch.stack`)", ("cat", "stack", "_stack"))
 INDEXING = Group(
     "indexing and gathering (`x[i]` with ints, slices or integer tensors, `x[i] = v`, `gather`, `index_select`, "
-    "`take`, `repeat_interleave`)", ("index", "index_put", "index_put_", "_index_put_impl", "_index_put_impl_", "gather", "index_select",
+    "`take`, `repeat_interleave`)", ("index", "index_put", "_index_put_impl", "gather", "index_select",
                "take", "embedding", "repeat_interleave"))
 REDUCTIONS = Group(
     "plain reductions (`sum`, `mean`, `prod`, `amax`, `amin`, `max`/`min` over a dim, `argmax`, `argmin`, `any`, "

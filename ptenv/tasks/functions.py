@@ -94,7 +94,7 @@ class FunctionFamily:
         (everything), or the aten packets allowed and whether autograd is."""
         if level != LEVELS[-1]:
             return None
-        ops = {f"aten::{op}" for group in self.groups for op in group.ops} - {f"aten::{op}" for op in self.banned}
+        ops = {f"aten::{op}" for group in self.groups for op in group.ops if op not in self.banned}
         return {"allow": sorted(ops), "autograd": not self.own_gradient}
 
     @property
