@@ -8,7 +8,6 @@ real sandbox judge. Closed: an op left out raises an error that names the rule; 
 allowlist installed, the op search (tests/support/op_search.py) finds no op that computes its
 contract, or one mode of it, whole, alone or as a view of its output."""
 
-import os
 import re
 import subprocess
 import sys
@@ -154,6 +153,5 @@ async def test_an_honest_implementation_passes_every_hidden_case_under_the_allow
 
 
 def test_the_threat_model_lists_the_families_whose_contract_plumbing_computes():
-    text = THREAT_MODEL.read_text()
-    assert all(f"`{family_id}`" in text for family_id in PLUMBING)
-    assert os.path.exists(THREAT_MODEL)
+    open_items = THREAT_MODEL.read_text().split("Open, and why:")[1]
+    assert all(f"`{family_id}`" in open_items for family_id in PLUMBING)

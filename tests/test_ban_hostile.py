@@ -23,7 +23,7 @@ SEED = 3
 
 
 async def hidden_phase(box, key, source: str, level: int):
-    family = FAMILIES.get(key, key)
+    family = FAMILIES[key] if isinstance(key, str) else key
     instance = family.instance("expert", SEED, level)
     await rollout.preload(box.client.call, box.id, instance.inputs(), 60, box.client.limits)
     found = answer.function_source(f"```python\n{source}```", family.name)
@@ -58,8 +58,8 @@ async def test_every_way_around_the_allowlist_fails_naming_it(box):
 @pytest.mark.rootless
 async def test_compositions_of_allowed_ops_are_graded_on_their_merits(box):
     """torch's Python decompositions, called or pasted, run as the allowed ops they are made of."""
-    for name, (key, _, source) in ban_answers.COMPOSITIONS.items():
-        outcome = await hidden_phase(box, key, source, 2)
+    for name, (_, source) in ban_answers.COMPOSITIONS.items():
+        outcome = await hidden_phase(box, "grid", source, 2)
         assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
     for name, (family, source) in allowlist_answers.COMPOSITIONS.items():
         outcome = await hidden_phase(box, family, source, 2)
