@@ -3,12 +3,12 @@
     .venv/bin/python bench/bench_hidden.py [--rounds 3]
 
 For every function family: one sandbox with the example preloaded, then the reference answer's
-trial (ptenv.host.assess.assess_function) `rounds` times; for a family with a ban, also its
-hardest level's trial, ban on, with its honest implementation (`by_hand`, or the reference). CPU is counted where it is spent:
+trial (ptenv.host.assess.assess_function) `rounds` times; then its hardest level's trial, allowlist
+on, with its honest implementation (`by_hand`, or the reference). CPU is counted where it is spent:
 the host process (encoding the cases, parsing the reply, grading) and the sandbox (its supervisor
 and every caller it forked and reaped: utime + stime + cutime + cstime of the supervisor). The
 one-time drawing of each task's cases (gated, cached per environment) is printed apart.
-Target (issues 23, 26): at most 100 ms of machine CPU per rollout at the default N, ban on or off.
+Target (issues 23, 26, 35): at most 100 ms of machine CPU per rollout at the default N, allowlist on or off.
 """
 
 import argparse
@@ -53,9 +53,7 @@ async def main(rounds: int) -> None:
             draw_ms = (time.perf_counter() - start) * 1e3
             box = await new_box(client)
             await requests.preload(client.call, box.id, family.instance("bench", 0).inputs(), timeout=60, limits=limits)
-            runs = [("", family.reference, None)]
-            if family.ban(LEVELS[-1]):
-                runs.append(("ban", family.by_hand, family.ban(LEVELS[-1])))
+            runs = [("", family.reference, None), ("2", family.by_hand, family.ban(LEVELS[-1]))]
             for label, source, ban in runs:
                 host, sandbox, wall = [], [], []
                 for _ in range(rounds):
@@ -74,7 +72,7 @@ async def main(rounds: int) -> None:
     print(f"{'family':45s} {'':3s} {'draw ms':>8s} {'host ms':>8s} {'sandbox ms':>10s} {'total ms':>9s} {'wall ms':>8s}")
     for family_id, label, draw, host, sandbox, wall in rows:
         print(f"{family_id:45s} {label:3s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {host + sandbox:9.1f} {wall:8.1f}")
-    for label, name in (("", "ban off"), ("ban", "ban on")):
+    for label, name in (("", "level 1"), ("2", "level 2, allowlist on")):
         totals = [host + sandbox for _, lab, _, host, sandbox, _ in rows if lab == label]
         if totals:
             print(f"machine CPU per rollout (N={DEFAULT_HIDDEN_CASES}), {name}: median {statistics.median(totals):.1f} "

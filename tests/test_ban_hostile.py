@@ -1,9 +1,10 @@
-"""The op ban against answers that try to get the banned computation anyway (issue 26): every answer
-of tests/support/ban_answers.py, at the hardest level of GRID_SAMPLE and LAYER_NORM_BACKWARD, fails
-its hidden cases with a reason that names the ban, as the model's failure (never a scoring error);
-the honest controls pass under the same ban; and at level 1 (no ban) the op itself passes. In a
-real sandbox, several trials to a sandbox; then through the real classic vf-eval (the 0.4
-line's run is in tests/test_v1_env.py)."""
+"""The allowlist against answers that try to get a removed computation anyway (issues 26 and 35): every
+answer of tests/support/ban_answers.py (at the hardest level of GRID_SAMPLE and LAYER_NORM_BACKWARD)
+and of tests/support/allowlist_answers.py (issue 35's five classes, over nine families) fails its
+hidden cases with a reason that names the allowlist, as the model's failure (never a scoring
+error); compositions of allowed ops are graded on their merits; the honest controls pass; and at
+level 1 (no allowlist) the op itself passes. In a real sandbox, several trials to a sandbox;
+then through the real classic vf-eval (the 0.4 line's run is in tests/test_v1_env.py)."""
 
 import json
 
@@ -13,7 +14,7 @@ from ptenv.host import answer, requests
 from ptenv.host.assess import assess_function
 from ptenv.tasks import tiers
 from ptenv.tasks.functions import HiddenCases
-from tests.support import ban_answers
+from tests.support import allowlist_answers, ban_answers
 from tests.support.ban_answers import ANSWERS, FAMILIES, HONEST, LEVEL_1
 from tests.support.policy_server import serve_in_thread
 from tests.support.vf_eval import leftover_sandboxes, run_eval
@@ -22,8 +23,8 @@ CASES = HiddenCases("ban-test-secret", 8)
 SEED = 3
 
 
-async def trial(box, key: str, source: str, level: int):
-    family = FAMILIES[key]
+async def trial(box, key, source: str, level: int):
+    family = FAMILIES[key] if isinstance(key, str) else key
     instance = family.instance("expert", SEED, level)
     await requests.preload(box.client.call, box.id, instance.inputs(), timeout=60, limits=box.client.limits)
     found = answer.function_source(f"```python\n{source}```", family.name)
@@ -32,9 +33,9 @@ async def trial(box, key: str, source: str, level: int):
 
 
 def miss(name: str, outcome) -> str | None:
-    """How a hostile answer's outcome falls short of a failure that names the ban (None: it does not)."""
+    """How a hostile answer's outcome falls short of a failure that names the allowlist (None: it does not)."""
     verdict = outcome.verdict
-    if outcome.scoring_error is None and verdict.score == 0.0 and "banned" in verdict.reason:
+    if outcome.scoring_error is None and verdict.score == 0.0 and "allowlist" in verdict.reason:
         return None
     return f"{name}: score {verdict.score}, scoring_error {outcome.scoring_error!r}, reason {verdict.reason!r}"
 
@@ -42,28 +43,42 @@ def miss(name: str, outcome) -> str | None:
 @pytest.mark.slow
 @pytest.mark.rootless
 @pytest.mark.timeout(900)
-async def test_every_way_around_the_ban_fails_naming_it(box):
+async def test_every_way_around_the_allowlist_fails_naming_it(box):
     misses = []
-    for name, (key, _, source) in ANSWERS.items():
+    answers = {**ANSWERS, **{name: (family, cls, source) for name, (family, cls, source) in allowlist_answers.ANSWERS.items()}}
+    for name, (key, _, source) in answers.items():
         outcome = await trial(box, key, source, 2)
         print(f"{name}: {outcome.verdict.score} {outcome.verdict.reason}")
         if (why := miss(name, outcome)) is not None:
             misses.append(why)
     assert (await box.cell("print('alive')")).stdout == "alive\n"  # the sandbox still answers
-    assert misses == [], "answers that got around the ban or failed without naming it:\n" + "\n".join(misses)
+    assert misses == [], "answers that got around the allowlist or failed without naming it:\n" + "\n".join(misses)
 
 
 @pytest.mark.slow
 @pytest.mark.rootless
-async def test_honest_answers_pass_under_the_ban_and_the_op_passes_without_it(box):
+async def test_compositions_of_allowed_ops_are_graded_on_their_merits(box):
+    """torch's Python decompositions, called or pasted, run as the allowed ops they are made of."""
+    for name, (_, source) in ban_answers.COMPOSITIONS.items():
+        outcome = await trial(box, "grid", source, 2)
+        assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
+    for name, (family, source) in allowlist_answers.COMPOSITIONS.items():
+        outcome = await trial(box, family, source, 2)
+        assert outcome.scoring_error is None and "allowlist" not in outcome.verdict.reason, (name, outcome.verdict.reason)
+        assert "NaN" in outcome.verdict.reason, (name, outcome.verdict.reason)
+
+
+@pytest.mark.slow
+@pytest.mark.rootless
+async def test_honest_answers_pass_under_the_allowlist_and_the_op_passes_without_it(box):
     for name, (key, _, source) in HONEST.items():
         outcome = await trial(box, key, source, 2)
         assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
     for name, (key, _, source) in LEVEL_1.items():
-        outcome = await trial(box, key, source, 1)  # the ban is the hardest level's only
+        outcome = await trial(box, key, source, 1)  # the allowlist is the hardest level's only
         assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), (name, outcome.verdict.reason)
         outcome = await trial(box, key, source, 2)
-        assert outcome.verdict.score == 0.0 and "banned" in outcome.verdict.reason, (name, outcome.verdict.reason)
+        assert outcome.verdict.score == 0.0 and "allowlist" in outcome.verdict.reason, (name, outcome.verdict.reason)
 
 
 # --- through the real vf-eval ---------------------------------------------------------------------
@@ -72,7 +87,7 @@ async def test_honest_answers_pass_under_the_ban_and_the_op_passes_without_it(bo
 # (3, 13) and LAYER_NORM_BACKWARD's (4); the policy plays the family's answers in turn.
 ROWS = 15
 PLAYED = (3, 13, 4)
-ROLLOUTS = 19  # per row: 38 for GRID_SAMPLE (37 answers), 19 for LAYER_NORM_BACKWARD (15)
+ROLLOUTS = 19  # per row: 38 for GRID_SAMPLE (34 answers), 19 for LAYER_NORM_BACKWARD (16)
 # Classic vf-eval cannot name rows: it takes the first -n of the dataset shuffled under
 # --shuffle-seed (datasets' shuffle), and this seed puts PLAYED first (the test checks it).
 SHUFFLE_SEED = 1095
@@ -87,20 +102,20 @@ def played_rows(path) -> list[dict]:
 
 def check_played(rows: list[tuple[str, dict, float, str | None]]) -> None:
     """(answer played, verdict, reward, scoring error) per rollout: every answer of both families
-    played; each hostile one 0.0 with the ban named, each honest one 1.0, no scoring error."""
+    played; each hostile one 0.0 with the allowlist named, each honest one 1.0, no scoring error."""
     assert {name for name, *_ in rows} == {*ANSWERS, *HONEST}
     misses = []
     for name, verdict, reward, error in rows:
         if name in HONEST:
             assert (reward, error) == (1.0, None), (name, verdict)
-        elif error is not None or reward != 0.0 or "banned" not in verdict["reason"]:
+        elif error is not None or reward != 0.0 or "allowlist" not in verdict["reason"]:
             misses.append(f"{name}: reward {reward}, scoring_error {error!r}, reason {verdict['reason']!r}")
-    assert misses == [], "answers that got around the ban or failed without naming it:\n" + "\n".join(sorted(set(misses)))
+    assert misses == [], "answers that got around the allowlist or failed without naming it:\n" + "\n".join(sorted(set(misses)))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
+def test_vf_eval_scores_every_way_around_the_allowlist_zero(tmp_path):
     import datasets
 
     played = played_rows(tmp_path / "rows.jsonl")

@@ -7,7 +7,7 @@ It is the model's. The answer runs in this process and may patch anything here, 
 reads every reply as the model's answer (bounded, checked, its time limit enforced from outside by
 a kill), and the host decodes and grades the outputs itself. Before the answer runs, a seccomp
 filter refuses new processes and programs: the one process the supervisor started is the only one
-that can answer. At a family's hardest level the ban (ban.py) is installed first.
+that can answer. At a family's hardest level the allowlist (allowlist.py) is installed first.
 """
 
 import ctypes
@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from ptenv.inside import ban as op_ban
+from ptenv.inside import allowlist
 from ptenv.inside import codec, seccomp
 from ptenv.inside.protocol import MAX_HIDDEN_OUTPUTS, one_line, recv_frame, send_frame
 from ptenv.inside.namespace import new_namespace
@@ -26,8 +26,8 @@ from ptenv.inside.syscalls import PR_SET_NO_NEW_PRIVS, libc
 
 
 def refuse_new_processes(rules: dict) -> bool:
-    """Deny fork, vfork, clone without CLONE_THREAD, and exec (and under a ban, what BAN_RULES
-    deny), to this process from now on; False where seccomp cannot be had (the supervisor then
+    """Deny fork, vfork, clone without CLONE_THREAD, and exec (and under an allowlist, what
+    ALLOWLIST_RULES deny), to this process from now on; False where seccomp cannot be had (the supervisor then
     says the phase ran with less protection)."""
     try:
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -39,20 +39,21 @@ def refuse_new_processes(rules: dict) -> bool:
 
 
 def prepare(ban: dict | None) -> bool:
-    """Before the answer runs: the ban, if any, then the filters, then the ban's native traps (the
-    filters' installation is the harness's last foreign call). Whether the OS refuses all it should."""
+    """Before the answer runs: the allowlist, if any ({"allow", "autograd"}), then the filters, then
+    its native stubs (the filters' installation is the harness's last foreign call). Whether the OS
+    refuses all it should."""
     if ban is None:
         return refuse_new_processes(seccomp.CALLER_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
-        op_ban.remove(tuple(ban["ops"]), ban["autograd"])
-        sources_hidden = op_ban.hide_sources()
-        protected = refuse_new_processes({**seccomp.CALLER_RULES, **seccomp.BAN_RULES}) and sources_hidden
-        op_ban.seal(memory, ban["autograd"])
+        allowlist.install(set(ban["allow"]))
+        allowlist.remove_libraries()
+        protected = refuse_new_processes({**seccomp.CALLER_RULES, **seccomp.ALLOWLIST_RULES})
+        allowlist.seal(memory, ban["autograd"])
     return protected
 
 
 def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> None:
-    """Install the ban, load the answer, say whether it defines `name`, then answer one call per
+    """Install the allowlist, load the answer, say whether it defines `name`, then answer one call per
     request until the channel closes. Every reference used after the answer runs is taken before
     it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
@@ -101,11 +102,11 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
             send(control, reply)
 
 
-# What the filters refuse, named in the reason of an answer that tried it (seccomp answers EPERM,
-# Landlock EACCES; the loader reports a refused executable mapping in its own words).
+# What the filters refuse, named in the reason of an answer that tried it (seccomp answers EPERM;
+# the loader reports a refused executable mapping in its own words).
 REFUSED = {False: "refused in the trial: no new process or program",
-           True: "banned in the trial: no new process, program, native library, file opened for writing "
-                 "or torch decomposition source"}
+           True: "not on the allowlist of the trial: no new process, program, native library or file "
+                 "opened for writing"}
 LOADER_REFUSALS = ("failed to map segment", "Could not load this library")
 
 
@@ -125,7 +126,7 @@ def describe(e: BaseException, banned: bool = False) -> str:
 
 def refused(e: BaseException) -> bool:
     for _ in range(8):  # the exception and what it was raised from
-        if isinstance(e, OSError) and e.errno in (errno.EPERM, errno.EACCES):  # seccomp, Landlock
+        if isinstance(e, OSError) and e.errno == errno.EPERM:  # seccomp
             return True
         if isinstance(e, (OSError, ImportError)) and any(m in str(e) for m in LOADER_REFUSALS):
             return True

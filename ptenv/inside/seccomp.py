@@ -35,7 +35,8 @@ ARCHES = {
         "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "sched_setattr": 314, "prlimit64": 302, "ioprio_set": 251, "setsid": 112,
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
-        "mmap": 9, "shmat": 30, "open": 2, "openat": 257, "openat2": 437, "rt_sigaction": 13, "prctl": 157,
+        "mmap": 9, "mprotect": 10, "pkey_mprotect": 329, "shmat": 30, "open": 2, "openat": 257, "openat2": 437,
+        "prctl": 157,
     }),
     "aarch64": (0xC00000B7, {
         "unshare": 97, "setns": 268, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -52,7 +53,7 @@ ARCHES = {
         "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "sched_setattr": 274, "prlimit64": 261, "ioprio_set": 30, "setsid": 157,
         "execve": 221, "execveat": 281,
-        "mmap": 222, "shmat": 196, "openat": 56, "openat2": 437, "rt_sigaction": 134, "prctl": 167,
+        "mmap": 222, "mprotect": 226, "pkey_mprotect": 288, "shmat": 196, "openat": 56, "openat2": 437, "prctl": 167,
     }),
 }
 # A rule is EPERM or ENOSYS for every call, or the conditions on the call's arguments under which
@@ -80,17 +81,16 @@ CLONE_THREAD = 0x00010000
 # call's time limit, enforced by killing that process, ends everything the call did. Threads may
 # still start (clone with CLONE_THREAD; clone3 already answers ENOSYS).
 CALLER_RULES = {"fork": EPERM, "vfork": EPERM, "execve": EPERM, "execveat": EPERM,
-               "clone": ((0, SOME_OF, CLONE_THREAD),)}
-# A caller under a ban (ban.py), on top: no new executable memory (so no native library loads and no
-# code written at run time), no file opened for writing (so no /proc/self/mem to undo the ban's
-# traps), and no handler for the traps' signals (so a trap ends the caller with the ban's reason).
-# openat2 passes its flags in memory: ENOSYS, and the C library uses openat.
+                "clone": ((0, SOME_OF, CLONE_THREAD),)}
+# A caller under an allowlist (allowlist.py), on top: no new executable memory, mapped or made so
+# (no native library loads, no code written at run time, no library's code made executable again),
+# and no file opened for writing (so no /proc/self/mem to undo the allowlist's stubs). openat2
+# passes its flags in memory: ENOSYS, and the C library uses openat.
 PROT_EXEC, SHM_EXEC = 0x4, 0o100000
 WRITE_FLAGS = 0o1 | 0o2  # O_WRONLY | O_RDWR
-SIGILL, SIGTRAP = 4, 5
-BAN_RULES = {"mmap": ((2, NONE_OF, PROT_EXEC),), "shmat": ((2, NONE_OF, SHM_EXEC),),
-             "open": ((1, NONE_OF, WRITE_FLAGS),), "openat": ((2, NONE_OF, WRITE_FLAGS),), "openat2": ENOSYS,
-             "rt_sigaction": ((0, NOT, SIGILL), (0, NOT, SIGTRAP))}
+ALLOWLIST_RULES = {"mmap": ((2, NONE_OF, PROT_EXEC),), "mprotect": ((2, NONE_OF, PROT_EXEC),),
+                   "pkey_mprotect": ((2, NONE_OF, PROT_EXEC),), "shmat": ((2, NONE_OF, SHM_EXEC),),
+                   "open": ((1, NONE_OF, WRITE_FLAGS),), "openat": ((2, NONE_OF, WRITE_FLAGS),), "openat2": ENOSYS}
 PRIO_USER, IOPRIO_WHO_USER = 2, 3
 SUPERVISOR_PID = 1
 MODEL_RULES = {

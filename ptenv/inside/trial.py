@@ -12,16 +12,15 @@ import signal
 import socket
 import time
 
-from ptenv.inside import ban as op_ban
-from ptenv.inside import caller
+from ptenv.inside import allowlist, caller
 from ptenv.inside.processes import ModelProcess
 from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, model_text, one_line, recv_base64, recv_frame
 from ptenv.inside.replies import SKELETON_CAP, bounded_loads, invalid, result_doc
 
 
 def run(supervisor, source: str, name: str, cases: list, call_limit: float, ban: dict | None, limit: float) -> dict:
-    """Run the answer's function on each hidden case in a caller, under the ban if any ({"ops",
-    "autograd"}, ban.py), each call within `call_limit`: {"load": why the answer could not be
+    """Run the answer's function on each hidden case in a caller, under the allowlist if any
+    ({"allow", "autograd"}, allowlist.py), each call within `call_limit`: {"load": why the answer could not be
     loaded or None, "protected": whether the caller could not start processes, "cases": one report
     per case}. A caller that times out, dies or answers out of protocol is killed, that case is
     the model's failure, and a fresh caller takes the next case."""
@@ -87,9 +86,10 @@ def call(supervisor, process: ModelProcess, case: dict, call_limit: float, banne
     if frame is None:
         if failure is None:
             return {"status": "timeout", "reason": f"ran past the {call_limit:g} s limit"}
-        trap = os.waitstatus_to_exitcode(process.status) if banned and process.status is not None else 0
-        if -trap in op_ban.TRAPS:
-            return {"status": "died", "reason": f"banned: the function {op_ban.TRAPS[-trap]}"}
+        code = os.waitstatus_to_exitcode(process.status) if banned and process.status is not None else 0
+        if code in allowlist.TRAPS or -code == signal.SIGSEGV:
+            why = allowlist.TRAPS.get(code, allowlist.OTHER_CODE)
+            return {"status": "died", "reason": f"not on the allowlist: the function {why}"}
         return {"status": "died", "reason": model_text(one_line(failure, 200))}
     head = bounded_loads(frame)
     status = head.get("status") if isinstance(head, dict) else None

@@ -8,7 +8,8 @@ exact in float32 and the float64 recompute gate never meets cancellation."""
 import torch
 
 from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
-from ptenv.tasks.functions import CONVOLUTIONS, Case, FunctionFamily
+from ptenv.tasks.allowed import SCATTER
+from ptenv.tasks.functions import Case, FunctionFamily
 
 
 # --- embedding_bag ------------------------------------------------------------------------------
@@ -118,7 +119,6 @@ EMBEDDING_BAG = FunctionFamily(
     },
     hint="`torch.nn.functional.embedding_bag` covers sum, mean and max; loop over the bags (or use "
          "`index_add_` with a bag id per position) for the weighted mean.",
-    banned=("embedding_bag", "_embedding_bag", "_embedding_bag_forward_only"),
 )
 
 
@@ -203,8 +203,8 @@ SCATTER_REDUCE = FunctionFamily(
     },
     hint="`Tensor.index_reduce` (or `scatter_reduce` with an expanded index) covers the torch reductions; "
          "mind which rows no index reaches.",
-    banned=("index_reduce", "index_reduce_", "scatter_reduce", "scatter_reduce_", "index_add", "index_add_",
-            "scatter_add", "scatter_add_"),
+    # Indexed assignment that accumulates is the "sum" reduction with include_self.
+    banned=("index_put", "_index_put_impl"),
 )
 
 
@@ -317,7 +317,6 @@ UNFOLD = FunctionFamily(
     also_correct={"by_hand": _UNFOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.pad` has \"reflect\" and \"replicate\" modes; `torch.nn.functional.unfold` "
          "extracts the patches.",
-    banned=("im2col", "col2im", *CONVOLUTIONS),
 )
 
 
@@ -409,7 +408,7 @@ FOLD = FunctionFamily(
     },
     also_correct={"by_hand": _FOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.fold` sums the patches; fold a tensor of ones to count them.",
-    banned=("col2im", "im2col", *CONVOLUTIONS),
+    allowed=(SCATTER,),
 )
 
 
@@ -559,9 +558,6 @@ ADAPTIVE_POOL1D = FunctionFamily(
             "    return torch.stack([f(w) for w in outs], -1)\n",
     },
     hint="`torch.nn.functional.adaptive_avg_pool1d` and `adaptive_max_pool1d` use these windows.",
-    banned=("adaptive_avg_pool1d", "adaptive_max_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
-            "adaptive_max_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool3d", "adaptive_max_pool3d",
-            "mkldnn_adaptive_avg_pool2d"),
 )
 
 
@@ -623,8 +619,6 @@ INTERPOLATE_LINEAR = FunctionFamily(
         "no_clamp": _INTERP_REF.replace("src = max((i + 0.5) * L / size - 0.5, 0.0)", "src = (i + 0.5) * L / size - 0.5"),
     },
     hint="`torch.nn.functional.interpolate(x, size=S, mode=\"linear\", align_corners=...)`.",
-    banned=("upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
-            "grid_sampler", "grid_sampler_2d", "grid_sampler_3d", "_grid_sampler_2d_cpu_fallback"),
 )
 
 
@@ -723,8 +717,6 @@ CUMULATIVE = FunctionFamily(
     also_correct={"by_hand": _CUMULATIVE_BY_HAND.lstrip()},
     hint="`torch.cumsum`, `cumprod`, `cummax`, `cummin`, with `Tensor.flip` for the reverse scan; shift by "
          "one position for the exclusive scan.",
-    banned=("cumsum", "cumsum_", "cumprod", "cumprod_", "cummax", "cummin", "_cummax_helper",
-            "_cummin_helper"),
 )
 
 
@@ -780,7 +772,6 @@ SEARCHSORTED = FunctionFamily(
             "    return torch.bucketize(values, sorted_sequence[0], right=right)\n",
     },
     hint="`torch.searchsorted(sorted_sequence, values, right=...)`; or count comparisons with broadcasting.",
-    banned=("searchsorted", "bucketize"),
 )
 
 
@@ -855,8 +846,6 @@ NLL_LOSS = FunctionFamily(
         "mean_by_count": _NLL_REF.replace("total = w.sum()", "total = keep.sum().to(log_probs.dtype)"),
     },
     hint="`torch.nn.functional.nll_loss` with `ignore_index` and `weight`; guard the all-ignored mean.",
-    banned=("nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d", "nll_loss2d_forward",
-            "cross_entropy_loss"),
 )
 
 FAMILIES = [EMBEDDING_BAG, SCATTER_REDUCE, UNFOLD, FOLD, MAX_POOL2D, ADAPTIVE_POOL1D, INTERPOLATE_LINEAR,

@@ -5,6 +5,7 @@ inputs avoid."""
 import torch
 
 from ptenv.tasks.families import normal, pick, randint, uniform
+from ptenv.tasks.allowed import SORT
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
@@ -50,6 +51,7 @@ COLUMN_STD = FunctionFamily(
             "    return x.float().std(dim=0)\n",
     },
     hint="`Tensor.std` (its default correction is Bessel's).",
+    also_correct={"by_hand": 'def column_std(x):\n    d = x - x.mean(0)\n    return ((d * d).sum(0) / (x.shape[0] - 1)).sqrt()\n'},
 )
 
 
@@ -86,6 +88,7 @@ ARGSORT_ROWS = FunctionFamily(
             "    return torch.argsort(x, dim=1 if x.dim() > 1 else 0, stable=True)\n",
     },
     hint="`torch.argsort(..., stable=True)`.",
+    also_correct={"by_hand": 'def argsort_rows(x):\n    n = x.shape[-1]\n    i = torch.arange(n)\n    # j comes before i: a smaller value, or an equal one at a lower index\n    before = (x.unsqueeze(-2) < x.unsqueeze(-1)) | ((x.unsqueeze(-2) == x.unsqueeze(-1)) & (i[None, :] < i[:, None]))\n    rank = before.sum(-1).reshape(-1, n)\n    out = torch.empty_like(rank)\n    out[torch.arange(rank.shape[0])[:, None].expand_as(rank), rank] = i.expand_as(rank)\n    return out.reshape(x.shape)\n'},
 )
 
 
@@ -133,6 +136,9 @@ MASKED_SELECT = FunctionFamily(
             "    return x[x > threshold].float()\n",
     },
     hint="boolean-mask indexing, or `torch.masked_select`.",
+    also_correct={"by_hand": 'def select_greater(x, threshold):\n    flat = x.flatten()\n    keep = flat > threshold\n    order = torch.sort((~keep).long(), stable=True).indices[:int(keep.sum())]\n    return flat[order]\n'},
+    allowed=(SORT,),
+    banned=("nonzero", "masked_select"),
 )
 
 
@@ -223,6 +229,7 @@ AVG_POOL = FunctionFamily(
             "                                          count_include_pad=count_include_pad)\n",
     },
     hint="`torch.nn.functional.avg_pool2d`.",
+    also_correct={"by_hand": 'def avg_pool(x, kernel_size, stride, padding, count_include_pad):\n    k, s, p = kernel_size, stride, padding\n    H, W = x.shape[-2:]\n    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1\n    xp = torch.nn.functional.pad(x, (p, p, p, p))\n    inside = torch.nn.functional.pad(torch.ones(H, W, dtype=x.dtype), (p, p, p, p))\n    total, count = 0, 0\n    for i in range(k):\n        for j in range(k):\n            total = total + xp[..., i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n            count = count + inside[i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n    return total / (k * k) if count_include_pad else total / count\n'},
 )
 
 
@@ -270,6 +277,7 @@ LOG_SOFTMAX = FunctionFamily(
             "    return x - torch.logsumexp(x, dim, keepdim=True)\n",
     },
     hint="`torch.log_softmax`.",
+    also_correct={"by_hand": 'def log_softmax(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (x - m) - torch.log(torch.exp(x - m).sum(dim, keepdim=True))\n'},
 )
 
 # ---------------------------------------------------------------- autograd
@@ -381,6 +389,7 @@ CROSS_ENTROPY = FunctionFamily(
             "    return torch.where(keep, loss, torch.zeros_like(loss))\n",
     },
     hint="`torch.nn.functional.cross_entropy` with `ignore_index` and `reduction='none'`.",
+    also_correct={"by_hand": 'def cross_entropy(logits, target, ignore_index):\n    keep = target != ignore_index\n    t = torch.where(keep, target, torch.zeros_like(target))\n    shifted = logits - logits.amax(1, keepdim=True)\n    loss = torch.log(torch.exp(shifted).sum(1)) - shifted.gather(1, t[:, None]).squeeze(1)\n    return torch.where(keep, loss, torch.zeros_like(loss))\n'},
 )
 
 
@@ -419,6 +428,7 @@ SMOOTH_L1 = FunctionFamily(
             "    return torch.nn.functional.smooth_l1_loss(pred, target, reduction='none', beta=beta)\n",
     },
     hint="`torch.nn.functional.smooth_l1_loss`.",
+    also_correct={"by_hand": "def smooth_l1(pred, target, beta, reduction):\n    d = (pred - target).abs()\n    loss = torch.where(d < beta, 0.5 * d * d / max(beta, 1e-30), d - 0.5 * beta)\n    return loss.mean() if reduction == 'mean' else loss.sum() if reduction == 'sum' else loss\n"},
 )
 
 # ---------------------------------------------------------------- optim

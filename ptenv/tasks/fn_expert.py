@@ -6,7 +6,8 @@ as a tuple). Each family's comment says whether torch computes its contract whol
 import torch
 
 from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
-from ptenv.tasks.functions import CONVOLUTIONS, Case, FunctionFamily
+from ptenv.tasks.allowed import LOGSUMEXP, SCATTER, SOFTMAX
+from ptenv.tasks.functions import Case, FunctionFamily
 
 
 # --- cross_entropy with label smoothing ---------------------------------------------------------
@@ -88,8 +89,7 @@ CROSS_ENTROPY = FunctionFamily(
     },
     hint="`torch.log_softmax`; `torch.nn.functional.cross_entropy` has weight, ignore_index and "
          "label_smoothing, but guard the all-ignored mean.",
-    banned=("cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss_forward", "nll_loss2d",
-            "nll_loss2d_forward"),
+    allowed=(SOFTMAX,),
 )
 
 
@@ -203,7 +203,7 @@ CTC_LOSS = FunctionFamily(
     also_correct={"by_hand": _CTC_LOSS_BY_HAND.lstrip()},
     hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
          "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
-    banned=("ctc_loss", "_ctc_loss"),
+    allowed=(LOGSUMEXP,),
 )
 
 
@@ -386,10 +386,6 @@ GRID_SAMPLE = FunctionFamily(
     also_correct={"by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
-    # The 3-D sampler computes it on a depth-1 volume; the backward's weights (a one-hot upstream
-    # gradient) rebuild it.
-    banned=("grid_sampler", "grid_sampler_2d", "_grid_sampler_2d_cpu_fallback", "grid_sampler_3d",
-            "grid_sampler_2d_backward", "grid_sampler_3d_backward", "_grid_sampler_2d_cpu_fallback_backward"),
 )
 
 
@@ -462,11 +458,6 @@ LAYER_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
-    # The other normalisations' backwards give it by reshaping: group norm with one group per row,
-    # batch norm on the transpose, RMS norm on the centred input.
-    banned=("native_layer_norm_backward", "native_group_norm_backward", "native_batch_norm_backward",
-            "batch_norm_backward", "_batch_norm_impl_index_backward", "batch_norm_backward_elemt",
-            "batch_norm_backward_reduce", "_fused_rms_norm_backward"),
     own_gradient=True,
     float64_margin=True,
 )
@@ -607,10 +598,6 @@ BATCH_NORM_BACKWARD = FunctionFamily(
             "        y = torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True, eps=eps)\n"
             "        return torch.autograd.grad(y, (x, weight, bias), grad_out)\n",
     },
-    # Layer and group norm's backwards give it on the transpose, as batch norm's give layer norm's.
-    banned=("native_batch_norm_backward", "batch_norm_backward", "_batch_norm_impl_index_backward",
-            "batch_norm_backward_reduce", "batch_norm_backward_elemt", "native_layer_norm_backward",
-            "native_group_norm_backward", "_fused_rms_norm_backward"),
     own_gradient=True,
 )
 
@@ -763,7 +750,7 @@ CONV_TRANSPOSE1D = FunctionFamily(
     also_correct={"by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
     hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
          "`torch.nn.functional.conv_transpose1d` states the same sizes.",
-    banned=CONVOLUTIONS,
+    allowed=(SCATTER,),
 )
 
 

@@ -4,6 +4,7 @@ over any valid input, with the edge cases their result forms avoid."""
 import torch
 
 from ptenv.tasks.families import away_from_zero, normal, pick, randint, uniform
+from ptenv.tasks.allowed import SCATTER, SOFTMAX, SORT
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
@@ -48,6 +49,7 @@ SEGMENT_MEAN = FunctionFamily(
             "    return torch.stack([x[seg == s].mean(0) for s in seg.unique()])\n",
     },
     hint="`Tensor.index_add_` sums rows by index; count the rows the same way.",
+    allowed=(SCATTER,),
 )
 
 
@@ -179,6 +181,7 @@ TOPK_KEEP = FunctionFamily(
             "    return torch.where(keep, x, torch.full_like(x, fill))\n",
     },
     hint="`torch.sort(..., descending=True, stable=True)` gives the kept indices; `scatter` marks them.",
+    allowed=(SORT, SCATTER),
 )
 
 
@@ -277,6 +280,7 @@ LOGSUMEXP = FunctionFamily(
             "    return x.amax(dim)\n",
     },
     hint="subtract the maximum along `dim` before `torch.exp`, or `torch.logsumexp`.",
+    also_correct={"by_hand": 'def logsumexp(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)\n'},
 )
 
 
@@ -338,6 +342,7 @@ CAUSAL_ATTENTION = FunctionFamily(
             "    return (w @ v) * (torch.arange(t) < lengths[:, None])[:, :, None]\n",
     },
     hint="mask the scores with `-inf` before `torch.softmax`, and replace the rows with no allowed key.",
+    allowed=(SOFTMAX,),
 )
 
 
@@ -402,6 +407,7 @@ BATCH_NORM = FunctionFamily(
             "    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * var\n",
     },
     hint="`torch.nn.functional.batch_norm(..., training=True)` updates copies of the running statistics in place.",
+    also_correct={"by_hand": 'def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n    dims, shape = ([0, 2], (1, -1, 1)) if x.dim() == 3 else ([0], (1, -1))\n    count = x.numel() // x.shape[1]\n    mean = x.mean(dims)\n    d = x - mean.reshape(shape)\n    var = (d * d).mean(dims)\n    y = d / torch.sqrt(var.reshape(shape) + eps)\n    if weight is not None:\n        y = y * weight.reshape(shape) + bias.reshape(shape)\n    unbiased = var * count / (count - 1)\n    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * unbiased\n'},
 )
 
 
@@ -459,6 +465,7 @@ GROUP_NORM = FunctionFamily(
             "    return torch.nn.functional.group_norm(x, x.shape[1], weight, bias, eps=eps)\n",
     },
     hint="reshape to (N, groups, -1) for the statistics, or `torch.nn.functional.group_norm`.",
+    also_correct={"by_hand": 'def group_norm(x, weight, bias, groups, eps):\n    n, c = x.shape[:2]\n    t = x.reshape(n, groups, -1)\n    d = t - t.mean(-1, keepdim=True)\n    y = (d / torch.sqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)\n    shape = (1, c) + (1,) * (x.dim() - 2)\n    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n'},
 )
 
 
@@ -559,6 +566,7 @@ LABEL_SMOOTHING = FunctionFamily(
             "    return loss / len(target)\n",
     },
     hint="`torch.nn.functional.cross_entropy(..., label_smoothing=eps)` on the kept samples.",
+    also_correct={"by_hand": 'def smoothed_cross_entropy(logits, target, eps):\n    keep = target != -100\n    if not bool(keep.any()):\n        return torch.zeros((), dtype=logits.dtype)\n    shifted = logits[keep] - logits[keep].amax(1, keepdim=True)\n    logp = shifted - torch.log(torch.exp(shifted).sum(1, keepdim=True))\n    nll = -logp.gather(1, target[keep][:, None]).squeeze(1)\n    return ((1 - eps) * nll - eps * logp.mean(1)).mean()\n'},
 )
 
 

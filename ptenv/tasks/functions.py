@@ -16,8 +16,9 @@ implementation it lists passes them all; otherwise it is redrawn.
 
 Levels: 1 lists the hidden-case classes under the contract and gives the family's hint (the
 torch functions that help, the op itself included); 2 gives the contract alone, which still states
-every class, and runs the hidden calls under the family's ban (ptenv/inside/ban.py): the torch ops
-that compute the contract whole are removed, and for a backward, automatic differentiation too.
+every class, and runs the hidden calls under the family's allowlist (ptenv/tasks/allowed.py,
+ptenv/inside/allowlist.py): only the stated operations run, none of which computes the contract
+whole, and for a backward, automatic differentiation is removed too.
 """
 
 import hashlib
@@ -29,6 +30,7 @@ import torch
 
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
+from ptenv.tasks.allowed import BASE, Group
 from ptenv.tasks.families import (MARGIN, SHORTCUT_MARGIN, float64_inputs, generator, rounding_sensitivity,
                                   seeded, seen_by_gate, tolerance_ratio)
 from ptenv.tasks.host_state import reference_run
@@ -45,16 +47,6 @@ def check_function_arguments(hidden_cases, partial_credit) -> None:
         raise ValueError(f"hidden_cases must be an integer from 1 to {MAX_HIDDEN_CASES}, got {hidden_cases!r}")
     if type(partial_credit) is not bool:
         raise ValueError(f"partial_credit must be true or false, got {partial_credit!r}")
-
-
-# Every convolution kernel: with a one-hot or flipped weight, or as a gradient, each computes
-# unfold, fold and the transposed convolution, so a family banning one bans them all.
-CONVOLUTIONS = ("convolution", "_convolution", "_convolution_mode", "conv1d", "conv2d", "conv3d", "conv_tbc",
-                "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution_backward",
-                "_convolution_double_backward", "convolution_overrideable", "mkldnn_convolution",
-                "_slow_conv2d_forward", "thnn_conv2d", "slow_conv3d", "slow_conv3d_forward", "slow_conv_dilated2d",
-                "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d",
-                "_nnpack_spatial_convolution", "_conv_depthwise2d", "conv_depthwise3d")
 
 
 @dataclass(frozen=True)
@@ -78,8 +70,10 @@ class FunctionFamily:
     also_correct: dict[str, str] = field(default_factory=dict)
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
-    # The aten ops (overload packets) that compute the contract whole, closed under siblings
-    # (tests/test_ban.py searches every aten op): removed in the hidden phase at the hardest level.
+    # The hardest level's allowlist: BASE and these groups (ptenv/tasks/allowed.py), less `banned`,
+    # the aten ops (overload packets) among them that compute the contract whole
+    # (tests/test_allowlist.py searches every op the allowlist leaves).
+    allowed: tuple[Group, ...] = ()
     banned: tuple[str, ...] = ()
     own_gradient: bool = False  # a backward whose hardest level removes automatic differentiation
     # Issue 24: the set is gated in float64 alone, as a result family's (families.decided_in_float64).
@@ -87,15 +81,21 @@ class FunctionFamily:
 
     @property
     def by_hand(self) -> str:
-        """An implementation that passes under the ban: the reference, or where the reference calls
-        a banned op, the `by_hand` one of also_correct."""
+        """An implementation that passes under the allowlist: the reference, or where the reference
+        calls an op the allowlist leaves out, the `by_hand` one of also_correct."""
         return self.also_correct.get("by_hand", self.reference)
 
+    @property
+    def groups(self) -> tuple[Group, ...]:
+        return BASE + self.allowed
+
     def ban(self, level: int) -> dict | None:
-        """What the hidden phase removes at this level, as the `hidden` request carries it."""
-        if level != LEVELS[-1] or not (self.banned or self.own_gradient):
+        """What the trial allows at this level, as the `trial` request carries it: None
+        (everything), or the aten packets allowed and whether autograd is."""
+        if level != LEVELS[-1]:
             return None
-        return {"ops": list(self.banned), "autograd": not self.own_gradient}
+        ops = {f"aten::{op}" for group in self.groups for op in group.ops if op not in self.banned}
+        return {"allow": sorted(ops), "autograd": not self.own_gradient}
 
     @property
     def signature(self) -> str:
@@ -147,13 +147,8 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
                   + "; ".join(c.name for c in f.cases) + "."]
         if f.hint:
             parts += [f"Hint: {f.hint}"]
-    ban = f.ban(level)
-    if ban:
-        removed = [f"`torch.ops.aten.{op}`" for op in ban["ops"]] + ([] if ban["autograd"] else [
-            "automatic differentiation (`torch.autograd`, `Tensor.backward`, `torch.func`, forward mode)"])
-        parts += ["", "On the hidden inputs these are removed, in every form (functional, method, module, "
-                  "native): " + ", ".join(removed) + "; so are torch's Python decompositions, and calls through "
-                  "ctypes. Compute the result from other operations."]
+    if f.ban(level):
+        parts += ["", allowlist_text(f)]
     parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
               f"Example call: `{f.name}({shown})`.", "",
               f"Your answer is the last ```python code block in your final message that defines `{f.name}`. "
@@ -161,6 +156,19 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
               f"and `{f.name}` is called on hidden inputs that follow the contract; it must return what "
               f"the contract says, with the same dtypes and shapes as the reference would."]
     return "\n".join(parts)
+
+
+def allowlist_text(f: FunctionFamily) -> str:
+    """The hardest level's rule, as the instruction states it."""
+    text = ("On the hidden inputs only these operations run: " + "; ".join(g.says for g in f.groups)
+            + ". torch functions made of them run too (`torch.matmul`, `F.pad` with zeros, `Tensor.reshape`, "
+            "...); every other operation raises an error that names it, and so do numpy and ctypes.")
+    if f.banned:
+        text += " Not here: " + ", ".join(f"`torch.ops.aten.{op}`" for op in f.banned) + "."
+    if f.own_gradient:
+        text += (" Automatic differentiation is removed too (`requires_grad`, `torch.autograd`, `Tensor.backward`, "
+                 "`torch.func`, forward mode): derive the gradient yourself.")
+    return text
 
 
 def call(source: str, name: str, args: Args, default_dtype: torch.dtype = torch.float32):

@@ -1,8 +1,8 @@
 '''Answers that try to get a banned computation anyway (issue 26's hostile list): at the hardest
 level of GRID_SAMPLE and of LAYER_NORM_BACKWARD (their `banned` ops, and for the latter autograd).
 Each is the source of a final message's code block, as a model would write it; each must fail its
-hidden cases with a reason that names the ban, never as a harness error. The honest controls (the
-families' own by-hand implementations) must pass under the same ban.
+hidden cases with a reason that names the allowlist that replaced the ban (issue 35), never as a
+harness error. The honest controls (the families' own by-hand implementations) must pass under it.
 
 ANSWERS: name -> (family key, class, source); FAMILIES maps the family key to the family.'''
 
@@ -178,13 +178,6 @@ op = torch.ops.aten.grid_sampler_2d.default
 def kernel(*args):
     return torch.ops.aten._grid_sampler_2d_cpu_fallback.default(*args)
 """ + GS + f"    with enable_python_dispatcher():\n        return op({ATEN})\n"),
-    "library_impl_python_kernel": ("own code", PRELUDE + """\
-LIB = torch.library.Library('aten', 'IMPL')
-def kernel(*args):
-    from torch._decomp.decompositions import grid_sampler_2d
-    return grid_sampler_2d(*args)
-LIB.impl('grid_sampler_2d', kernel, 'CPU')
-""" + GS + f"    return {CALL}\n"),
     # --- native code
     "ctypes_at_cpu_grid_sampler_2d": ("native", PRELUDE + "import ctypes, os\n" + """\
 LIB = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), 'lib', 'libtorch_cpu.so'))
@@ -272,6 +265,22 @@ def handle(t):
     return out
 """),
     # --- torch's Python implementations
+    "inductor_decomposition": ("python impls", PRELUDE + GS + f"""\
+    from torch._inductor.decomposition import decompositions
+    return decompositions[torch.ops.aten.grid_sampler_2d.default]({ATEN})
+"""),
+}
+
+# torch's own Python implementations of the op: compositions of allowed ops, so allowed at the
+# hardest level (docs/threat-model.md); they pass on their merits, as a pasted copy would.
+COMPOSITIONS = {
+    "library_impl_python_kernel": ("own code", PRELUDE + """\
+LIB = torch.library.Library('aten', 'IMPL')
+def kernel(*args):
+    from torch._decomp.decompositions import grid_sampler_2d
+    return grid_sampler_2d(*args)
+LIB.impl('grid_sampler_2d', kernel, 'CPU')
+""" + GS + f"    return {CALL}\n"),
     "decomposition_function": ("python impls", PRELUDE + GS + f"""\
     from torch._decomp.decompositions import grid_sampler_2d
     return grid_sampler_2d({ATEN})
@@ -290,10 +299,6 @@ def handle(t):
     namespace = dict(vars(D))
     exec(compile(ast.Module(body=defs, type_ignores=[]), path, 'exec'), namespace)  # new function objects
     return namespace['grid_sampler_2d']({ATEN})
-"""),
-    "inductor_decomposition": ("python impls", PRELUDE + GS + f"""\
-    from torch._inductor.decomposition import decompositions
-    return decompositions[torch.ops.aten.grid_sampler_2d.default]({ATEN})
 """),
 }
 

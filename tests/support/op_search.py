@@ -1,6 +1,6 @@
 """A systematic search of every aten op overload for one that computes a function family's contract
-whole (or one mode of it): what the family's ban (FunctionFamily.banned, ptenv/inside/ban.py) must
-close over.
+whole (or one mode of it): what the family's allowlist (FunctionFamily.allowed less `banned`, ptenv/inside/allowlist.py)
+must leave out.
 
 Each overload's schema is bound from a hidden case: its Tensor arguments from the case's tensors
 (the argument of the same name first, then every plausible assignment, bounded), out= arguments to
@@ -8,7 +8,8 @@ fresh tensors, the others from the case's non-tensor values, their defaults and 
 sets (dims, bools, reduction/mode enums as ints 0..3). A binding names where each argument comes
 from (a parameter of the family, a constant, a fresh out tensor), so the same binding applies to
 every case. It computes a mode whole when one item of its output (or of its out tensors) passes
-`grade_outputs` against each reference output on every case of that mode drawn (at least
+`grade_outputs` against each reference output, as it is or as a view (its elements in the
+reference's shape by any order of its dims), on every case of that mode drawn (at least
 MIN_CASES, of different classes when the mode has them). A family's modes are the values of its
 string and bool parameters (a binding may fix an enum as a constant), so "sum" and "range" of a
 scatter are searched apart.
@@ -16,13 +17,14 @@ scatter are searched apart.
 Some ops crash the process or hang on inputs they were not meant for, so the search runs in a
 child process, which keeps where it is (op, mode, binding) in a shared file; the parent restarts it
 after the binding it died or hung on (SKIP lists ops known to crash on most bindings, to save the
-restarts). With `--ban` the child first installs the family's ban, as
-the caller does: then nothing must be found (tests/test_ban.py).
+restarts). With `--ban` the child first installs the family's hardest-level allowlist, as the
+caller does: then nothing must be found (tests/test_allowlist.py).
 
 Run it: .venv/bin/python -m tests.support.op_search advanced/tensor_ops/scatter_reduce_fn
-(or a function name: scatter_reduce; or `all` for every family with a ban).
+(or a function name: scatter_reduce; or `all` for every family).
 """
 
+import itertools
 import json
 import mmap
 import os
@@ -256,8 +258,15 @@ def items(result, kwargs: dict, binding) -> list:
     return [v if isinstance(v, torch.Tensor) else None for v in values]
 
 
+def as_views(o: torch.Tensor, e: torch.Tensor) -> list:
+    """o, then o's elements in e's shape by every order of o's dims (when they are as many)."""
+    if o.numel() != e.numel() or o.dim() > 6:
+        return [o]
+    return [o] + [o.permute(order).reshape(e.shape) for order in itertools.permutations(range(o.dim()))]
+
+
 def views_that_pass(outputs: list, expected: list) -> list[set]:
-    """For each reference output, the indices of the op's outputs that pass it."""
+    """For each reference output, the indices of the op's outputs that pass it, as they are or as a view."""
     from ptenv.grader import grade_outputs
     found = []
     for e in expected:
@@ -265,7 +274,7 @@ def views_that_pass(outputs: list, expected: list) -> list[set]:
         for i, o in enumerate(outputs):
             try:
                 if o is not None and o.layout == torch.strided and o.device.type == "cpu" \
-                        and grade_outputs([o], [e]).score == 1.0:
+                        and any(grade_outputs([v], [e]).score == 1.0 for v in as_views(o, e)):
                     ok.add(i)
             except Exception:
                 pass
@@ -382,8 +391,8 @@ def search_child(family_id: str, resume: tuple[int, int, int], ban: bool, progre
     groups = modes(family)  # drawn before the ban: the references may use banned ops
     torch.set_num_threads(1)
     if ban:
-        from ptenv.inside import ban as ban_module
-        ban_module.remove(tuple(family.banned), autograd=not family.own_gradient)
+        from ptenv.inside import allowlist
+        allowlist.install(set(family.ban(2)["allow"]))
     names = overload_names()
     with open(progress, "r+b") as f:
         where = mmap.mmap(f.fileno(), PROGRESS.size)
@@ -488,10 +497,10 @@ def main(argv: list[str]) -> None:
     names = [a for a in argv if not a.startswith("--")]
     if names == ["all"]:
         from ptenv.tasks.tiers import FUNCTION_TIERS
-        names = [f.id for members in FUNCTION_TIERS.values() for f in members if f.banned or f.own_gradient]
+        names = [f.id for members in FUNCTION_TIERS.values() for f in members]
     for name in names:
         family = family_by_name(name)
-        print(f"== {family.id}{' (under its ban)' if ban else ''}", flush=True)
+        print(f"== {family.id}{' (under its allowlist)' if ban else ''}", flush=True)
         t0 = time.monotonic()
         found, lost = search(family.id, ban, log=lambda s: print("  " + s, flush=True))
         packets = sorted({f.packet() for f in found})
