@@ -242,10 +242,10 @@ async def test_seccomp_denies_the_unprivileged_kernel_surface(box):
 
 def test_every_denied_call_has_a_number_on_every_machine_or_is_absent_there():
     for machine, (_, numbers) in seccomp.ARCHES.items():
-        for name in (*seccomp.DENIED, *seccomp.CALLER_RULES, *seccomp.BAN_RULES):
+        for name in (*seccomp.DENIED, *seccomp.CALLER_RULES, *seccomp.ALLOWLIST_RULES):
             assert (name in numbers) != (name in seccomp.ABSENT[machine]), (machine, name)
         assert seccomp.program(machine, seccomp.sandbox_rules(cgroup=False, enter_userns=True))
-        assert seccomp.program(machine, {**seccomp.CALLER_RULES, **seccomp.BAN_RULES})
+        assert seccomp.program(machine, {**seccomp.CALLER_RULES, **seccomp.ALLOWLIST_RULES})
 
 
 def rss_mb() -> float:
