@@ -72,8 +72,9 @@ async def run(task: dict, code: str, grade: bool):
         if row.kind == "function" and grade:
             family = find_family(row.family)[1]
             cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(family, row.seed)
-            outcome = await assess_function(client.call, sandbox.id, source=code, name=row.function, cases=cases,
-                                            ban=family.ban(row.level), limits=client.limits, partial_credit=False)
+            outcome = await assess_function(client.call, sandbox.id, source=code, name=row.function, inputs=row.inputs,
+                                            cases=cases, allowlist=family.allowlist(row.level), limits=client.limits,
+                                            partial_credit=False)
             return "", outcome
         reply = await requests.run_cell(client.call, sandbox.id, code, timeout=TIMEOUT, limits=client.limits)
         outcome = await assess_result(client.call, sandbox.id, expected=row.expected, timeout=TIMEOUT) if grade else None

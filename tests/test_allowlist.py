@@ -33,8 +33,8 @@ THREAT_MODEL = Path(__file__).parent.parent / "docs" / "threat-model.md"
 
 def test_every_family_has_an_allowlist_at_its_hardest_level_only():
     for family in FAMILIES:
-        assert family.ban(1) is None, family.id
-        rules = family.ban(2)
+        assert family.allowlist(1) is None, family.id
+        rules = family.allowlist(2)
         assert rules["autograd"] is not family.own_gradient, family.id
         assert all(op.startswith("aten::") for op in rules["allow"]), family.id
         banned = {f"aten::{op}" for op in family.banned}
@@ -53,7 +53,7 @@ for family_id in sys.argv[1:]:
     cases = [(name, args, as_outputs(call(family.reference, family.name, args))) for name, args in family.draw("host", 8)]
     r, w = os.pipe()
     if os.fork() == 0:  # the allowlist is for good: a child per family, as a caller is
-        rules = family.ban(2)
+        rules = family.allowlist(2)
         allowlist.install(set(rules["allow"]))
         allowlist.remove_libraries()
         with open("/proc/self/mem", "r+b", buffering=0) as memory:
@@ -88,7 +88,7 @@ OFF_THE_LIST = """
 import sys, torch
 from ptenv.inside import allowlist
 from ptenv.tasks.tiers import find_family
-allowlist.install(set(find_family(sys.argv[1])[1].ban(2)["allow"]))
+allowlist.install(set(find_family(sys.argv[1])[1].allowlist(2)["allow"]))
 x = torch.arange(6.0).reshape(2, 3)
 for attempt in (lambda: torch.cumsum(x, 0), lambda: x.unfold(1, 2, 1), lambda: torch.ops.mkldnn._convolution_pointwise,
                 lambda: torch.nn.functional.unfold(x[None, None], 2), lambda: x.to_sparse(), lambda: torch.segment_reduce(x, "sum", lengths=torch.tensor([1, 1])),
@@ -124,7 +124,7 @@ def test_under_its_allowlist_no_op_computes_the_contract_whole():
     none reproduces the reference once the family's allowlist is in, but what PLUMBING names. Two
     families at a time, one child each: the searches are CPU-bound."""
     def search(family):
-        found, _ = op_search.search(family.id, ban=True, timeout=3000)
+        found, _ = op_search.search(family.id, allowlist=True, timeout=3000)
         return [f"{family.id} {f.mode}: {f.op}({f.binding})" for f in found if f.op not in PLUMBING.get(family.id, ())]
     with ThreadPoolExecutor(2) as pool:
         found = [line for lines in pool.map(search, FAMILIES) for line in lines]
@@ -140,13 +140,16 @@ async def test_an_honest_implementation_passes_every_hidden_case_under_the_allow
     failures = []
     for family in FAMILIES:
         cases = CASES.of(family, 5)
-        outcome = await assess_function(box.client.call, box.id, source=family.by_hand, name=family.name, cases=cases,
-                                        ban=family.ban(2), limits=box.client.limits, partial_credit=False)
+        inputs = family.instance("t", 5, 2).inputs()
+        outcome = await assess_function(box.client.call, box.id, source=family.by_hand, name=family.name, inputs=inputs,
+                                        cases=cases, allowlist=family.allowlist(2), limits=box.client.limits,
+                                        partial_credit=False)
         if (outcome.verdict.score, outcome.scoring_error) != (1.0, None):
             failures.append(f"{family.id}: {outcome.verdict.reason} {outcome.scoring_error}")
         if "by_hand" in family.also_correct:
             outcome = await assess_function(box.client.call, box.id, source=family.reference, name=family.name,
-                                            cases=cases, ban=family.ban(2), limits=box.client.limits, partial_credit=False)
+                                            inputs=inputs, cases=cases, allowlist=family.allowlist(2),
+                                            limits=box.client.limits, partial_credit=False)
             if outcome.verdict.score != 0.0 or NAMES_THE_RULE not in outcome.verdict.reason:
                 failures.append(f"{family.id}: the reference under the allowlist: {outcome.verdict.reason}")
     assert not failures, "\n".join(failures)

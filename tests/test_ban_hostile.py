@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ptenv.host import answer, requests
+from ptenv.host import answer
 from ptenv.host.assess import assess_function
 from ptenv.tasks import tiers
 from ptenv.tasks.functions import HiddenCases
@@ -26,10 +26,10 @@ SEED = 3
 async def trial(box, key, source: str, level: int):
     family = FAMILIES[key] if isinstance(key, str) else key
     instance = family.instance("expert", SEED, level)
-    await requests.preload(box.client.call, box.id, instance.inputs(), timeout=60, limits=box.client.limits)
     found = answer.function_source(f"```python\n{source}```", family.name)
-    return await assess_function(box.client.call, box.id, source=found, name=family.name, cases=CASES.of(family, SEED),
-                                 ban=family.ban(level), limits=box.client.limits, partial_credit=False)
+    return await assess_function(box.client.call, box.id, source=found, name=family.name, inputs=instance.inputs(),
+                                 cases=CASES.of(family, SEED), allowlist=family.allowlist(level),
+                                 limits=box.client.limits, partial_credit=False)
 
 
 def miss(name: str, outcome) -> str | None:

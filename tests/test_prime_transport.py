@@ -191,10 +191,10 @@ def test_in_the_container_the_model_runs_as_its_own_uid_and_cannot_touch_the_ses
 
 
 def test_a_function_tasks_trial_runs_in_the_container_through_ptenv_request(service):
-    """The `hidden` request is one more `ptenv-request` command: the container's supervisor forks a
+    """The `trial` request is one more `ptenv-request` command: the container's supervisor forks a
     caller with new processes refused, and the host grades the outputs (the reference passes, a
-    forking answer fails that case as the model's, never as a harness error); at a backward
-    family's hardest level the ban goes with the request and holds there too."""
+    forking answer fails that case as the model's, never as a harness fault); at a backward
+    family's hardest level the allowlist goes with the request and holds there too."""
     transport = transports.prime(Limits(cell_timeout=10))
     family = SEGMENT_MEAN
     cases = HiddenCases("prime", 4).of(family, 1)
@@ -208,13 +208,14 @@ def test_a_function_tasks_trial_runs_in_the_container_through_ptenv_request(serv
         try:
             await transport.client.wait_for_creation(sandbox.id)
             await transport.wait_ready(sandbox.id)
-            await preload(transport.call, sandbox.id, family.instance("t", 1).inputs(), timeout=transport.command_timeout,
-                          limits=transport.limits)
-            outcomes = [await assess_function(transport.call, sandbox.id, source=source, name=family.name, cases=cases,
-                                              ban=None, limits=transport.limits, partial_credit=False)
+            outcomes = [await assess_function(transport.call, sandbox.id, source=source, name=family.name,
+                                              inputs=family.instance("t", 1).inputs(), cases=cases, allowlist=None,
+                                              limits=transport.limits, partial_credit=False)
                         for source in (family.reference, forking)]
-            outcomes.append(await assess_function(transport.call, sandbox.id, source=by_autograd, name=backward.name, cases=backward_cases,
-                                                  ban=backward.ban(2), limits=transport.limits, partial_credit=False))
+            outcomes.append(await assess_function(transport.call, sandbox.id, source=by_autograd, name=backward.name,
+                                                  inputs=backward.instance("t", 1).inputs(), cases=backward_cases,
+                                                  allowlist=backward.allowlist(2), limits=transport.limits,
+                                                  partial_credit=False))
             return outcomes, sandbox.id
         finally:
             await transport.client.delete(sandbox.id)
@@ -226,11 +227,69 @@ def test_a_function_tasks_trial_runs_in_the_container_through_ptenv_request(serv
     commands = [c[2] for c in service.calls if c[0] == "execute_command" and c[1] == sandbox_id]
     hidden = [json.loads(base64.b64decode(c.split()[2])) for c in commands if c.startswith("ptenv-request trial ")]
     assert (banned.verdict.score, banned.scoring_error) == (0.0, None)
-    assert "banned: the function ran torch's autograd engine" in banned.verdict.reason
+    assert "not on the allowlist: the function used automatic differentiation" in banned.verdict.reason
     assert [h["source"] for h in hidden] == [family.reference, forking, by_autograd]
-    assert all(set(h) == {"source", "name", "cases", "call_limit", "ban", "timeout"} for h in hidden)
-    assert [json.loads(h["ban"]) for h in hidden] == [None, None, {"ops": list(backward.banned), "autograd": False}]
-    assert "native_layer_norm_backward" in backward.banned
+    assert all(set(h) == {"source", "name", "inputs", "cases", "call_limit", "allowlist", "timeout"} for h in hidden)
+    assert [json.loads(h["allowlist"]) for h in hidden] == [None, None, backward.allowlist(2)]
+    assert not backward.allowlist(2)["autograd"]
     sent = json.loads(hidden[0]["cases"])
     assert len(sent) == 4 and all(set(case) == set(family.params) for case in sent)
     assert "expected" not in hidden[0]["cases"]  # the arguments only: reference outputs stay on the host
+
+
+ORACLE = """
+import os, socket, torch
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:  # in a session of its own, out of the interpreter's process group
+        server = socket.socket(socket.AF_UNIX)
+        server.bind("\\0ptenv-oracle")
+        server.listen()
+        while True:
+            conn, _ = server.accept()
+            x = torch.frombuffer(bytearray(conn.recv(1 << 20)), dtype=torch.float32)
+            conn.sendall(x.cumsum(0).numpy().tobytes())
+    os._exit(0)
+print("left running")
+"""
+ASK_THE_ORACLE = """
+import socket
+def {name}(**kwargs):
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect("\\0ptenv-oracle")
+    return torch.zeros(1)
+"""
+
+
+def test_nothing_the_model_left_running_in_its_container_reaches_its_trial(service):
+    """Issue 35: a process the model leaves running in its session (in a session of its own, out of
+    the interpreter's process group) would serve the caller what the allowlist removes. The session
+    ends before the trial (env/rollout.py), killing every process of the model's uid, so the caller
+    finds no one to ask."""
+    from ptenv.env.rollout import assess_rollout
+    from ptenv.tasks.rows import parse_row
+
+    transport = transports.prime(Limits(cell_timeout=10))
+    row = parse_row(SEGMENT_MEAN.instance("intermediate", 1, 2).row(), "prime row")
+
+    async def play():
+        sandbox = await transport.client.create(transport.request)
+        try:
+            await transport.client.wait_for_creation(sandbox.id)
+            await transport.wait_ready(sandbox.id)
+            left = await run_cell(transport.call, sandbox.id, ORACLE, timeout=30, limits=transport.limits)
+            source = ASK_THE_ORACLE.replace("{name}", SEGMENT_MEAN.name)
+            outcome = await assess_rollout(row, transport, sandbox.id, final_message=f"```python\n{source}```",
+                                           cases=HiddenCases("prime", 4), partial_credit=False)
+            survivors = await transport.client.execute_command(
+                sandbox.id, "PYTHONPATH=/opt/ptenv python3 -c 'from ptenv.inside.processes import pids_of; "
+                            f"print(len(pids_of({supervisor.CONTAINER_MODEL_UID})))'")
+            return left, outcome, survivors.stdout.strip()
+        finally:
+            await transport.client.delete(sandbox.id)
+
+    left, outcome, survivors = asyncio.run(play())
+    assert left == "left running"
+    assert outcome.scoring_error is None and outcome.verdict.score == 0.0
+    assert "ConnectionRefusedError" in outcome.verdict.reason, outcome.verdict.reason
+    assert survivors == "0"

@@ -386,3 +386,27 @@ def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
     finals = [[n["message"] for n in t["nodes"] if n["message"]["role"] == "assistant"][-1]["content"] for t in traces]
     ban.check_played([(ban_answers.played(final), t["info"]["verdict"], score(t), t["info"]["scoring_error"])
                       for final, t in zip(finals, traces)])
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_path, level):
+    """tests/test_total_trial.py's vf-eval run on this line: each of issue 34's findings, 0.0 as the
+    model's failure with its reason, never a harness fault."""
+    from tests.test_total_trial import trial_rows
+
+    count = trial_rows(tmp_path / "rows.jsonl", level)
+    positions = {json.loads(line)["info"]["task_id"]: i for i, line in enumerate((tmp_path / "rows.jsonl").read_text().splitlines())}
+    url, stop = policy_server.serve_in_thread(tmp_path / "rows.jsonl")
+    args = ("--env.taskset.tiers", "intermediate", "--env.taskset.kind", "function", "--env.taskset.level", str(level),
+            "--env.taskset.num-train-examples", str(count), "-c", str(count))
+    try:
+        traces = run_vf_eval(url, "trial_hostile", tmp_path / "out", count, args)
+    finally:
+        stop()
+    plays = hostile_functions.TRIAL_PLAYS
+    played = {plays[positions[t["task"]["data"]["id"]] % len(plays)]: t for t in traces}
+    assert set(played) == set(plays), sorted(played)
+    for name, trace in played.items():
+        where = (name, trace["info"].get("verdict"), trace["info"].get("scoring_error"))
+        assert trace["ok"] and score(trace) == 0.0 and trace["metrics"]["harness_error"] == 0.0, where
+        assert hostile_functions.TRIAL_REASONS[name] in trace["info"]["verdict"]["reason"], where

@@ -14,7 +14,7 @@ from ptenv.inside.protocol import model_text, one_line
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
 from ptenv.tasks import functions
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
-from ptenv.tasks.tiers import check_num_eval_examples
+from ptenv.tasks.tiers import allowlist_base, check_num_eval_examples
 from ptenv.env.versions import versions
 
 
@@ -157,7 +157,7 @@ def load_environment(
     rubric = vf.Rubric(funcs=[correctness, *metrics], weights=[1.0] + [0.0] * len(metrics))
     return PyTorchEnv(
         tasks + eval_tasks,
-        transport=transports.create(sandbox),
+        transport=transports.create(sandbox, allowlist_base=allowlist_base()),
         cases=functions.HiddenCases(secrets.token_hex(16), hidden_cases),
         partial_credit=partial_credit,
         dataset=as_dataset(tasks),

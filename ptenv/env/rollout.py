@@ -1,8 +1,10 @@
 """What both verifiers adapters do for one rollout: start its session, and assess it once it ends,
 a result task or a function task, from the task's row."""
 
+import asyncio
+
 from ptenv.host import answer, assess, requests
-from ptenv.host.blame import HarnessFault
+from ptenv.host.blame import HarnessFault, ModelFault
 from ptenv.host.transports import Transport
 from ptenv.inside.protocol import one_line
 from ptenv.tasks.functions import HiddenCases
@@ -28,10 +30,24 @@ async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *,
         drawn = cases.of(family, row.seed)
     except Exception as e:  # a family that cannot draw its cases is the harness's failure
         return assess.assessment_of(HarnessFault("drawing the hidden cases", one_line(e)))
-    source = answer.function_source(final_message, row.function)
-    return await assess.assess_function(transport.call, sandbox_id, source=source, name=row.function,
-                                        cases=drawn, ban=family.ban(row.level), limits=transport.limits,
-                                        partial_credit=partial_credit)
+    try:
+        # Off the event loop, which serves every other rollout: the search is linear but the text the model's.
+        source = await asyncio.to_thread(answer.function_source, final_message, row.function)
+        assess.check_source(source, row.function)
+    except answer.MessageTooLong as e:
+        return assess.assessment_of(ModelFault("invalid_result", str(e)), hidden_pass_fraction=0.0)
+    except ModelFault as fault:
+        return assess.assessment_of(fault, hidden_pass_fraction=0.0)
+    allowlist = family.allowlist(row.level)
+    try:
+        # Nothing of the model's session may run beside its trial, wherever the trial runs.
+        await requests.end_session(transport.call, sandbox_id, timeout=transport.command_timeout)
+        async with transport.trial_sandbox(sandbox_id, allowlist is not None) as trial_id:
+            return await assess.assess_function(transport.call, trial_id, source=source, name=row.function,
+                                                inputs=row.inputs, cases=drawn, allowlist=allowlist,
+                                                limits=transport.limits, partial_credit=partial_credit)
+    except Exception as fault:  # ending the session, or making or deleting the trial's sandbox
+        return assess.assessment_of(fault)
 
 
 def error_chain(error: BaseException) -> str:

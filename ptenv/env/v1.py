@@ -31,7 +31,7 @@ from ptenv.env.versions import versions
 from ptenv.host import transports
 from ptenv.inside import codec
 from ptenv.inside.protocol import one_line
-from ptenv.tasks import functions
+from ptenv.tasks import functions, tiers
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, check_function_arguments
 from ptenv.tasks.rows import TaskRow, parse_row
 from ptenv.tasks.source import DEFAULT_DATASET, load_tasks
@@ -47,7 +47,7 @@ def sandboxes() -> tuple[transports.Transport, SandboxRelay]:
     """This process's sandbox transport and the relay the tool server reaches it through."""
     global _sandboxes
     if _sandboxes is None:
-        transport = transports.create("local")
+        transport = transports.create("local", allowlist_base=tiers.allowlist_base())
         _sandboxes = (transport, SandboxRelay(transport))
     return _sandboxes
 

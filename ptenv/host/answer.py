@@ -6,12 +6,25 @@ count, so a model that never calls a tool can still answer."""
 import re
 
 MAX_ANSWER_CHARS = 64 * 1024  # one request's argument on Prime is at most 128 KiB, base64 included
-FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# The final message is searched only up to this size: the search is linear, and at this size it
+# costs at most about 20 ms (bench/bench_replies.py: hostile final messages), off the event loop.
+MAX_MESSAGE_CHARS = 256 * 1024
+# Linear in the text: the blanks after the opener are matched once and never given back (a second
+# `[ \t]*` beside the first would try every split of a run of them), and the search resumes past
+# each block's closer.
+FENCE = re.compile(r"```[ \t]*+(?:(?:python3?|py)[ \t]*+)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+class MessageTooLong(ValueError):
+    """A final message past MAX_MESSAGE_CHARS: it is not searched."""
 
 
 def function_source(message, name: str) -> str | None:
-    """The answer's source in a final message (its text, or a list of content parts), or None."""
+    """The answer's source in a final message (its text, or a list of content parts), or None.
+    MessageTooLong for a message past MAX_MESSAGE_CHARS."""
     text = message_text(message)
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise MessageTooLong(f"the final message has {len(text):,} characters; at most {MAX_MESSAGE_CHARS:,} are searched")
     for block in reversed(FENCE.findall(text)):
         if re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", block, re.MULTILINE):
             return block

@@ -47,15 +47,16 @@ async def assess_result(call, sandbox_id: str, *, expected: torch.Tensor, timeou
         return assessment_of(fault)
 
 
-async def assess_function(call, sandbox_id: str, *, source: str | None, name: str, cases: list, ban: dict | None,
-                          limits: Limits, partial_credit: bool) -> Assessment:
+async def assess_function(call, sandbox_id: str, *, source: str | None, name: str, inputs: dict[str, torch.Tensor],
+                          cases: list, allowlist: dict | None, limits: Limits, partial_credit: bool) -> Assessment:
     """Run the answer's function (its source, None if there is none: answer.function_source) on the
-    hidden cases [(class, arguments, reference outputs)] in the sandbox, under the ban if any, and
-    grade each case. Never raises."""
+    hidden cases [(class, arguments, reference outputs)] in the sandbox, under the allowlist if any,
+    and grade each case. `inputs` are the example inputs, defined where the answer loads. Never raises."""
     try:
         check_source(source, name)
-        results, protected = await requests.trial(call, sandbox_id, source=source, name=name,
-                                                  cases=[args for _, args, _ in cases], ban=ban, limits=limits)
+        results, protected = await requests.trial(call, sandbox_id, source=source, name=name, inputs=inputs,
+                                                  cases=[args for _, args, _ in cases], allowlist=allowlist,
+                                                  limits=limits)
         verdict, fraction = trial_verdict(results, [c for c, _, _ in cases], [e for _, _, e in cases],
                                           partial_credit=partial_credit)
     except Exception as fault:

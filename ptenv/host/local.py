@@ -30,10 +30,10 @@ class LocalSandboxClient:
 
     pool_size = 4  # idle sandboxes kept ready
 
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = Limits(), allowlist_base: list[str] | None = None):
         self.limits = limits
         self.isolation_mode = isolation_mode()
-        self.pool = Pool(limits, self.pool_size)
+        self.pool = Pool(limits, self.pool_size, allowlist_base)
         self._boxes: dict[str, Box] = {}
 
     @property
@@ -63,6 +63,12 @@ class LocalSandboxClient:
             created_at=now,
             updated_at=now,
         )
+
+    async def create_trial(self) -> str:
+        """A fresh sandbox from the trial zygote (no session), for a level-2 trial; delete it after."""
+        box = await self.pool.take_trial()
+        self._boxes[box.id] = box
+        return box.id
 
     async def wait_for_creation(self, sandbox_id: str) -> None:
         self._live_box(sandbox_id)

@@ -42,6 +42,7 @@ class Box:
     pid: int  # of its supervisor, as the fork server sees it
     uid: int  # of its supervisor; the model's is uid + 1
     sock: socket.socket
+    server: str = "main"  # the fork server that made it: "main", or "trial" (the trial zygote)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     requests: itertools.count = field(default_factory=itertools.count)
     dead: str | None = None  # why it no longer answers
@@ -58,9 +59,12 @@ class Box:
 
 
 class Pool:
-    def __init__(self, limits: Limits, size: int):
+    def __init__(self, limits: Limits, size: int, allowlist_base: list[str] | None):
         self.limits = limits
         self.size = size  # idle sandboxes kept ready
+        # The widest allowlist of any trial: the trial zygote installs it once (inside/main.py), so a
+        # trial's sandbox made there only adds its family's removals. None: no trial zygote.
+        self.allowlist_base = allowlist_base
         self.cgroup_mode = "not started"  # what the kernel enforces per sandbox, once the fork server runs
         self.forkserver: subprocess.Popen | None = None
         self._idle: collections.deque[Box] = collections.deque()  # guarded by _cond
@@ -70,9 +74,8 @@ class Pool:
         self._failures = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._control: socket.socket | None = None
-        self._control_lock = threading.Lock()
-        self._request_ids = itertools.count()
+        self._controls: dict[str, Control] = {}  # by fork server: "main", "trial"
+        self._control_lock = threading.Lock()  # guards _controls
         self._cgroup_dirs: dict[str, str] = {}
         self._uid_base = 1_000_000 + secrets.randbelow(60_000) * UID_SLOTS  # not `random`: the host's RNG is not ours
         self._slots = 0
@@ -89,12 +92,20 @@ class Pool:
             box = self._pop_live()
         return box if box is not None else await asyncio.to_thread(self._wait_for_box)
 
+    async def take_trial(self) -> Box:
+        """A fresh sandbox from the trial zygote, with no session: a level-2 trial runs there."""
+        if self._closed:
+            raise SandboxUnavailableError("this sandbox client was torn down")
+        return await asyncio.to_thread(self._spawn, "trial")
+
     def kill(self, boxes: list[Box]) -> None:
-        """Have the fork server SIGKILL each supervisor (and so its pid namespace); it reaps them later."""
-        try:
-            self._control_call({"op": "kill", "sandboxes": [[b.pid, b.uid] for b in boxes]})
-        except ControlError:
-            pass  # the fork server is gone or is being replaced, and its sandboxes with it
+        """Have each box's fork server SIGKILL its supervisor (and so its pid namespace); it reaps them later."""
+        for server in {b.server for b in boxes}:
+            try:
+                self._control_call({"op": "kill", "sandboxes": [[b.pid, b.uid] for b in boxes if b.server == server]},
+                                   server=server)
+            except ControlError:
+                pass  # the fork server is gone or is being replaced, and its sandboxes with it
 
     def close(self) -> None:
         """Kill the fork server and with it every sandbox, and remove this client's cgroups."""
@@ -183,30 +194,30 @@ class Pool:
     def _start_forkserver(self) -> None:
         self._stop_forkserver()  # a dead or wedged one, and its control socket
         dir_fds = self._open_cgroup_dirs()
-        host_end, forkserver_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        servers = ["main"] + (["trial"] if self.allowlist_base is not None else [])
+        ends = {server: socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for server in servers}
         python = os.path.realpath(sys.executable)  # inside, no venv: site-packages come via PYTHONPATH
-        argv = [python, "-S", "-P", "-m", "ptenv.inside.main", "forkserver", str(forkserver_end.fileno()),
-                json.dumps(dir_fds), "root" if os.geteuid() == 0 else "rootless"]
+        argv = [python, "-S", "-P", "-m", "ptenv.inside.main", "forkserver",
+                json.dumps({server: forkserver_end.fileno() for server, (_, forkserver_end) in ends.items()}),
+                json.dumps(dir_fds), "root" if os.geteuid() == 0 else "rootless", json.dumps(self.allowlist_base)]
         try:
             self.forkserver = subprocess.Popen(
                 sandbox_command(argv, privileged=True),
-                pass_fds=[forkserver_end.fileno(), *dir_fds.values()],
+                pass_fds=[forkserver_end.fileno() for _, forkserver_end in ends.values()] + [*dir_fds.values()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C reaches the host only; teardown kills the group
             )
         finally:
-            forkserver_end.close()
+            for _, forkserver_end in ends.values():
+                forkserver_end.close()
             for fd in dir_fds.values():
                 os.close(fd)
-        host_end.settimeout(START_TIMEOUT)
-        try:
-            ready = host_end.recv(65536)
-        except TimeoutError:
-            ready = b""
+        ready = all(self._ready(host_end) for host_end, _ in ends.values())
         if not ready:
-            host_end.close()
+            for host_end, _ in ends.values():
+                host_end.close()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.forkserver.pid, signal.SIGKILL)
             _, err = self.forkserver.communicate(timeout=10)
@@ -219,7 +230,16 @@ class Pool:
             )
         self.forkserver.stderr.close()
         with self._control_lock:
-            self._control = host_end
+            self._controls = {server: Control(host_end) for server, (host_end, _) in ends.items()}
+
+    @staticmethod
+    def _ready(host_end: socket.socket) -> bool:
+        """Whether a fork server (or the trial zygote) said it is ready within START_TIMEOUT."""
+        host_end.settimeout(START_TIMEOUT)
+        try:
+            return bool(host_end.recv(65536))
+        except TimeoutError:
+            return False
 
     def _open_cgroup_dirs(self) -> dict[str, int]:
         """Directory fds of this client's cgroups for the fork server; {} where none can be had,
@@ -235,42 +255,31 @@ class Pool:
     def _stop_forkserver(self) -> None:
         """Kill the fork server; bwrap's --die-with-parent chain takes every sandbox with it."""
         with self._control_lock:
-            if self._control is not None:
-                self._control.close()
-                self._control = None
+            for control in self._controls.values():
+                control.sock.close()
+            self._controls = {}
         if self.forkserver is not None and self.forkserver.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.forkserver.pid, signal.SIGKILL)
             self.forkserver.wait()
 
-    def _control_call(self, request: dict, fds: list[int] = ()) -> dict:
-        """One request to the fork server and its reply, matched by id; ControlError if it fails."""
-        request = {**request, "id": next(self._request_ids)}
+    def _control_call(self, request: dict, fds: list[int] = (), server: str = "main") -> dict:
+        """One request to a fork server and its reply; ControlError if it fails."""
         with self._control_lock:
-            if self._control is None:
-                raise ControlError("the sandbox fork server is not running")
-            deadline = time.monotonic() + CONTROL_TIMEOUT
-            try:
-                socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
-                while True:
-                    self._control.settimeout(max(deadline - time.monotonic(), 0.001))
-                    msg = self._control.recv(65536)
-                    if not msg:
-                        raise ControlError("the sandbox fork server exited")
-                    reply = json.loads(msg)
-                    if reply.get("id") == request["id"]:
-                        return reply
-            except (OSError, ValueError) as e:  # TimeoutError is an OSError
-                raise ControlError(f"the sandbox fork server failed: {one_line(e)}") from None
+            control = self._controls.get(server)
+        if control is None:
+            raise ControlError(f"the sandbox fork server ({server}) is not running")
+        return control.call(request, fds)
 
-    def _spawn(self) -> Box:
+    def _spawn(self, server: str = "main") -> Box:
         host_end, sandbox_end = socket.socketpair()
-        uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
-        self._slots += 1
+        with self._cond:  # the refill thread and trials' spawns take uids at once
+            uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
+            self._slots += 1
         request = {"op": "spawn", "uids": [uid, uid + 1], "limits": self.limits.as_dict()}
         try:
             with sandbox_end:
-                reply = self._control_call(request, [sandbox_end.fileno()])
+                reply = self._control_call(request, [sandbox_end.fileno()], server)
             if "error" not in reply:
                 frame = recv_frame(host_end, 4096, time.monotonic() + CONTROL_TIMEOUT)
                 reply |= json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
@@ -280,4 +289,30 @@ class Pool:
             host_end.close()
             raise
         host_end.setblocking(False)
-        return Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=reply["pid"], uid=uid, sock=host_end)
+        return Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=reply["pid"], uid=uid, sock=host_end, server=server)
+
+
+class Control:
+    """The host's end of one fork server's control socket: requests and replies matched by id."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.ids = itertools.count()
+
+    def call(self, request: dict, fds: list[int]) -> dict:
+        request = {**request, "id": next(self.ids)}
+        with self.lock:
+            deadline = time.monotonic() + CONTROL_TIMEOUT
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], list(fds))
+                while True:
+                    self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                    msg = self.sock.recv(65536)
+                    if not msg:
+                        raise ControlError("the sandbox fork server exited")
+                    reply = json.loads(msg)
+                    if reply.get("id") == request["id"]:
+                        return reply
+            except (OSError, ValueError) as e:  # TimeoutError is an OSError
+                raise ControlError(f"the sandbox fork server failed: {one_line(e)}") from None

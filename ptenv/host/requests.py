@@ -5,8 +5,10 @@ hostile: no reply is trusted to be well formed.
     preload     {"inputs": JSON text of {name: encoded tensor}}   a fresh session, the inputs preloaded
     run_cell    {"code": the cell's source}                       run one cell
     read_result {}                                                `result`, encoded
-    trial       {"source", "name", "cases": JSON text of [{param: {"tensor": encoded} | {"value": v}}],
-                 "call_limit": seconds per call, "ban": JSON text of {"ops": [aten op], "autograd": bool} or null}
+    end_session {}                                                every process of the model's killed
+    trial       {"source", "name", "inputs" (as preload's), "cases": JSON text of [{param: {"tensor":
+                 encoded} | {"value": v}}], "call_limit": seconds per call, "allowlist": JSON text of
+                 {"allow": [aten op], "autograd": bool} or null}
     shell       {"command", "cwd"}                                a model's bash command (ptenv.host.local)
 
 The same names are the supervisor's handlers and the interpreter's ops. Blame (blame.py) is
@@ -101,14 +103,28 @@ def parse_result_doc(doc) -> torch.Tensor | None:
     raise ModelFault("invalid_result", f"result reply is malformed: {one_line(doc, 80)!r}")
 
 
-async def trial(call, sandbox_id: str, *, source: str, name: str, cases: list[dict], ban: dict | None,
-                limits: Limits) -> tuple[list[CaseResult], bool]:
+async def end_session(call, sandbox_id: str, *, timeout: float) -> None:
+    """Kill every process of the model's in the sandbox: nothing of the rollout outlives it."""
+    doc = await send(call, sandbox_id, "end_session", {}, timeout, "ending the session")
+    if doc != {"status": "ok"}:
+        raise HarnessFault("ending the session", f"the reply is malformed: {one_line(repr(doc), 120)}")
+
+
+async def trial(call, sandbox_id: str, *, source: str, name: str, inputs: dict[str, torch.Tensor], cases: list[dict],
+                allowlist: dict | None, limits: Limits) -> tuple[list[CaseResult], bool]:
     """Run the answer's function on the hidden cases' arguments in the sandbox (their expected
-    outputs never leave the host): (one CaseResult per case, whether the caller ran with new
-    processes refused)."""
-    timeout = limits.cell_timeout + len(cases) * (CALL_LIMIT + limits.grace) + limits.grace
-    doc = await send(call, sandbox_id, "trial", trial_fields(source, name, cases, ban), timeout, "the trial")
+    outputs never leave the host): (one CaseResult per case, whether the callers ran with new
+    processes refused). The request's timeout is the trial's whole budget: one load of the answer,
+    every call with its grace, and the reserve the supervisor keeps after its own deadline."""
+    fields = trial_fields(source, name, inputs, cases, allowlist)
+    doc = await send(call, sandbox_id, "trial", fields, trial_timeout(limits, len(cases)), "the trial")
     return parse_trial_reply(doc, len(cases))
+
+
+def trial_timeout(limits: Limits, cases: int, call_limit: float = CALL_LIMIT) -> float:
+    """The host's wait for a trial: one load of the answer, every call with its grace, and the
+    reserve the supervisor keeps past its own deadline (ptenv/inside/trial.py), with a grace to spare."""
+    return limits.cell_timeout + cases * (call_limit + limits.grace) + 3 * limits.grace
 
 
 def preload_fields(inputs: dict[str, torch.Tensor]) -> dict:
@@ -122,11 +138,12 @@ def preload_fields(inputs: dict[str, torch.Tensor]) -> dict:
     return {"inputs": json.dumps(encoded)}
 
 
-def trial_fields(source: str, name: str, cases: list[dict], ban: dict | None, call_limit: float = CALL_LIMIT) -> dict:
+def trial_fields(source: str, name: str, inputs: dict[str, torch.Tensor], cases: list[dict], allowlist: dict | None,
+                 call_limit: float = CALL_LIMIT) -> dict:
     encoded = [{k: {"tensor": codec.encode(v)} if isinstance(v, torch.Tensor) else {"value": v} for k, v in args.items()}
                for args in cases]
-    return {"source": source, "name": name, "cases": json.dumps(encoded), "call_limit": call_limit,
-            "ban": json.dumps(ban)}
+    return {"source": source, "name": name, "inputs": preload_fields(inputs)["inputs"], "cases": json.dumps(encoded),
+            "call_limit": call_limit, "allowlist": json.dumps(allowlist)}
 
 
 def parse_cell_reply(doc, limits: Limits, where: str = "running a cell") -> CellReply:

@@ -1,9 +1,11 @@
 """The two places a sandbox can live, behind one shape: a prime_sandboxes-like client, the create
-request, and the few steps that differ (starting the session, deleting leftovers at teardown)."""
+request, and the few steps that differ (starting the session, where a trial runs, deleting leftovers
+at teardown)."""
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import AsyncContextManager, Awaitable, Callable
 
 from prime_sandboxes import CreateSandboxRequest
 
@@ -33,6 +35,9 @@ class Transport:
     # In force in every sandbox of this transport: the host reads the replies by the same limits
     # (the caps on them, how much output a cut notice says was kept).
     limits: Limits
+    # (the rollout's sandbox id, whether the trial runs under an allowlist) -> where the trial runs,
+    # the rollout's own sandbox or a fresh one, deleted after; the model's session has ended.
+    trial_sandbox: Callable[[str, bool], AsyncContextManager[str]]
     command_timeout: int = COMMAND_TIMEOUT
 
     @property
@@ -40,12 +45,25 @@ class Transport:
         return self.limits.cell_timeout + CELL_MARGIN
 
 
-def local(limits: Limits = LIMITS) -> Transport:
-    client = LocalSandboxClient(limits)
+def local(limits: Limits = LIMITS, allowlist_base: list[str] | None = None) -> Transport:
+    client = LocalSandboxClient(limits, allowlist_base)
     LOG.info("pytorch-env local sandboxes: %s", client.isolation_mode)
 
     async def supervisor_is_built_in(sandbox_id: str) -> None:
         """Local sandboxes start with their session running."""
+
+    @contextlib.asynccontextmanager
+    async def trial_sandbox(sandbox_id: str, allowlisted: bool):
+        """A level-2 trial in a fresh sandbox of the trial zygote, which installed the widest
+        allowlist once; any other in the rollout's own sandbox."""
+        if not allowlisted or allowlist_base is None:
+            yield sandbox_id
+            return
+        trial_id = await client.create_trial()
+        try:
+            yield trial_id
+        finally:
+            await client.delete(trial_id)
 
     return Transport(
         client=client,
@@ -56,10 +74,18 @@ def local(limits: Limits = LIMITS) -> Transport:
         model_shell=lambda command, cwd, timeout: (command, cwd),
         call=client.call,
         limits=limits,
+        trial_sandbox=trial_sandbox,
     )
 
 
-def prime(limits: Limits = LIMITS) -> Transport:
+@contextlib.asynccontextmanager
+async def in_place(sandbox_id: str, allowlisted: bool):
+    """Every trial in the rollout's own sandbox (a Prime container: one per rollout, and slow to make)."""
+    yield sandbox_id
+
+
+def prime(limits: Limits = LIMITS, allowlist_base: list[str] | None = None) -> Transport:
+    """`allowlist_base` is the local trial zygote's: a Prime container's callers install their allowlist whole."""
     # Imported here: the Prime client is only needed, and only available, with classic verifiers.
     from verifiers.legacy.utils.threaded_sandbox_client import ThreadedAsyncSandboxClient
 
@@ -75,13 +101,15 @@ def prime(limits: Limits = LIMITS) -> Transport:
         model_shell=prime.model_shell,
         call=prime.command_call(client, limits),
         limits=limits,
+        trial_sandbox=in_place,
     )
 
 
 TRANSPORTS = {"local": local, "prime": prime}
 
 
-def create(name: str, limits: Limits = LIMITS) -> Transport:
+def create(name: str, limits: Limits = LIMITS, allowlist_base: list[str] | None = None) -> Transport:
+    """`allowlist_base`: the widest allowlist of the tasks' trials (tasks.functions.allowlist_base)."""
     if name not in TRANSPORTS:
         raise ValueError(f"unknown sandbox {name!r}: choose one of {sorted(TRANSPORTS)}")
-    return TRANSPORTS[name](limits)
+    return TRANSPORTS[name](limits, allowlist_base)

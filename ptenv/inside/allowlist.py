@@ -63,21 +63,37 @@ def packet(name: str) -> str:
     return name if name.endswith("__") else name.rstrip("_")
 
 
+# What this process has removed so far, (op, key): a caller forked from a zygote that installed a
+# wider allowlist (the trial zygote, forkserver.py) only adds its family's removals.
+REMOVED: set[tuple[str, str]] = set()
+# The ops the widest allowlist installed here allows; None until one is installed.
+ALLOWED: set[str] | None = None
+
+
 def install(allowed: set[str]) -> int:
     """Shadow every op whose packet (packet()) is not in `allowed` ("aten::add"); an allowed
-    factory still loses its other layouts. The number of kernels installed."""
+    factory still loses its other layouts. The number of kernels installed now. An allowlist can
+    only narrow one installed before: ValueError if it allows an op that one removed."""
+    global ALLOWED
+    allowed = {packet(a) for a in allowed}
+    if ALLOWED is not None and not allowed <= ALLOWED:
+        raise ValueError(f"the allowlist widens the one installed before: {sorted(allowed - ALLOWED)[:5]}")
+    ALLOWED = allowed
     keep = ctypes.pythonapi.Py_IncRef
     keep.argtypes = [ctypes.py_object]
     warnings.filterwarnings("ignore", "Warning only once for all operators")  # overriding is the point
-    allowed, libraries, count = {packet(a) for a in allowed}, {}, 0
+    libraries, count = {}, 0
     for name, keys in OPS.items():
         if packet(name) in allowed:
             keys = keys[1:] if keys[0] == "CPU" else keys
         namespace, _, op = name.partition("::")
         for key in keys:
+            if (name, key) in REMOVED:
+                continue
             if (namespace, key) not in libraries:
                 libraries[namespace, key] = torch._C._dispatch_library("IMPL", namespace, key, "", 0)
             libraries[namespace, key].impl(op, key, removed_kernel(name, key), False)
+            REMOVED.add((name, key))
             count += 1
     for library in libraries.values():
         keep(library)  # never released: the registrations outlive every Python reference

@@ -38,42 +38,49 @@ def refuse_new_processes(rules: dict) -> bool:
         return False
 
 
-def prepare(ban: dict | None) -> bool:
-    """Before the answer runs: the allowlist, if any ({"allow", "autograd"}), then the filters, then
-    its native stubs (the filters' installation is the harness's last foreign call). Whether the OS
-    refuses all it should."""
-    if ban is None:
+def prepare(allowed: dict | None) -> bool:
+    """Before the answer is here: the allowlist, if any ({"allow", "autograd"}), then the filters,
+    then its native stubs (the filters' installation is the harness's last foreign call). Whether
+    the OS refuses all it should."""
+    if allowed is None:
         return refuse_new_processes(seccomp.CALLER_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
-        allowlist.install(set(ban["allow"]))
+        allowlist.install(set(allowed["allow"]))
         allowlist.remove_libraries()
         protected = refuse_new_processes({**seccomp.CALLER_RULES, **seccomp.ALLOWLIST_RULES})
-        allowlist.seal(memory, ban["autograd"])
+        allowlist.seal(memory, allowed["autograd"])
     return protected
 
 
-def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> None:
-    """Install the allowlist, load the answer, say whether it defines `name`, then answer one call per
-    request until the channel closes. Every reference used after the answer runs is taken before
-    it does."""
+def serve(control, inputs: str, allowlist: dict | None) -> None:
+    """Prepare (the allowlist if any, then the filters) and say so; only then take the answer's
+    source from the supervisor, load it and say whether it defines the function; then answer one
+    call per request until the channel closes. So the status is read before any code of the answer
+    is in this process, and every frame after it is the answer's to write. Every reference used
+    after the answer runs is taken before it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
     recv, send, decode, to_bytes, Tensor = recv_frame, send_frame, codec.decode, codec.to_bytes, torch.Tensor
     tuple_, type_ = tuple, type
     try:
-        protected = prepare(ban)
-    except Exception as e:  # before the answer ran: the harness's failure
-        send(control, dumps({"status": "ban_failed", "reason": describe(e)}).encode())
+        protected = prepare(allowlist)
+    except Exception as e:  # before the answer is here: the harness's failure
+        send(control, dumps({"status": "unprepared", "reason": describe(e)}).encode())
         return
+    send(control, dumps({"status": "prepared", "protected": protected}).encode())
+    frame = recv(control)
+    if frame is None:
+        return
+    answer = loads(frame)
     try:
         examples = {k: decode(v) for k, v in loads(inputs).items()}
         namespace = new_namespace(examples)
-        exec(compile(source, "<answer>", "exec"), namespace)
-        function = namespace.get(name)
+        exec(compile(answer["source"], "<answer>", "exec"), namespace)
+        function = namespace.get(answer["name"])
         if not callable(function):
-            raise NameError(f"the answer does not define a function `{name}`")
-        send(control, dumps({"status": "ready", "protected": protected}).encode())
+            raise NameError(f"the answer does not define a function `{answer['name']}`")
+        send(control, dumps({"status": "ready"}).encode())
     except BaseException as e:
-        send(control, dumps({"status": "error", "reason": describe(e, ban is not None)}).encode())
+        send(control, dumps({"status": "error", "reason": describe(e, allowlist is not None)}).encode())
         return
     while True:
         frame = recv(control)
@@ -95,7 +102,7 @@ def serve(control, inputs: str, source: str, name: str, ban: dict | None) -> Non
             for head, raw in map(to_bytes, outputs):  # each as `result` replies: skeleton, then bytes
                 replies += [dumps({"status": "ok", "result": head}).encode(), raw]
         except BaseException as e:
-            replies = [dumps({"status": "error", "reason": describe(e, ban is not None)}).encode()]
+            replies = [dumps({"status": "error", "reason": describe(e, allowlist is not None)}).encode()]
         if getpid() != me:
             return  # a process the answer made (where seccomp could not stop it) never answers
         for reply in replies:

@@ -27,8 +27,11 @@ REAP_EVERY = 0.2  # seconds between looks for dead supervisors while no request 
 
 
 class ForkServer:
-    def __init__(self, control: socket.socket, cgroup_dirs: dict[str, int], rootless: bool):
+    def __init__(self, control: socket.socket, cgroup_dirs: dict[str, int], rootless: bool,
+                 session: bool = True, zygote: int | None = None):
         self.control = control
+        self.session = session  # whether its sandboxes start a session: the trial zygote's do not
+        self.zygote = zygote  # the trial zygote's pid (main.py): when it dies, so does this server
         self.cgroup_dirs = cgroup_dirs  # controller -> directory fd of this client's cgroup; {} for none
         self.rootless = rootless  # then a sandbox's two uids only name it: isolation.py gives it identities
         self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
@@ -74,7 +77,7 @@ class ForkServer:
         if pid == 0:
             os.close(self.control.detach())
             try:
-                start_sandbox(channel_fd, limits, None if self.rootless else (uid, model_uid), cgroup)
+                start_sandbox(channel_fd, limits, None if self.rootless else (uid, model_uid), cgroup, self.session)
             finally:
                 os._exit(0)
         # Children forked later must land in our own pid namespace again, not in the new one.
@@ -93,6 +96,8 @@ class ForkServer:
 
     def reap(self) -> None:
         for pid, _ in exited_children():
+            if pid == self.zygote:
+                os._exit(1)  # the host sees its control socket close and starts a fresh fork server
             uid = self.live.pop(pid, None)
             if uid is not None and self.cgroup_dirs:
                 self.exiting.add(self.names.pop(uid))
@@ -105,7 +110,8 @@ class ForkServer:
         return self.names[uid]
 
 
-def start_sandbox(channel_fd: int, limits: Limits, uids: tuple[int, int] | None, cgroup: dict[str, int] | None) -> None:
+def start_sandbox(channel_fd: int, limits: Limits, uids: tuple[int, int] | None, cgroup: dict[str, int] | None,
+                  session: bool) -> None:
     """In the freshly forked PID 1 of a local sandbox: isolate, then serve the host's channel."""
     channel = socket.socket(fileno=channel_fd)
     try:
@@ -113,7 +119,7 @@ def start_sandbox(channel_fd: int, limits: Limits, uids: tuple[int, int] | None,
             cgroups.charge_cpu(cgroup)
         keep = {channel.fileno(), *(cgroup or {}).values()}
         model = isolate_supervisor(limits, uids, keep, cgroup=cgroup is not None)
-        supervisor = Supervisor(channel, limits, model, cgroup)
+        supervisor = Supervisor(channel, limits, model, cgroup, session=session)
     except BaseException as e:
         send_frame(channel, json.dumps({"error": f"cannot isolate the sandbox: {e}"}).encode())
         raise

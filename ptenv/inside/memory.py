@@ -30,12 +30,25 @@ def live_processes() -> dict[tuple[int, int], int]:
         if name.isdigit():
             try:
                 with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                if fields[0] != b"Z":  # fields from the state on: minflt, majflt, starttime
-                    processes[int(name), int(fields[19])] = int(fields[7]) + int(fields[9])
-            except (OSError, IndexError, ValueError):
-                continue
+                    stat = parse_stat(f.read())
+            except OSError:
+                continue  # gone meanwhile
+            if stat is not None:
+                processes[int(name), stat[0]] = stat[1]
     return processes
+
+
+def parse_stat(data: bytes) -> tuple[int, int] | None:
+    """(start time, page faults) of a live process from its /proc stat, None for a zombie or a line
+    that is not one. The command name is the model's: it may hold spaces and parentheses, so the
+    fields are read after its last ')'."""
+    try:
+        fields = data.rsplit(b")", 1)[1].split()
+        if fields[0] == b"Z":  # fields from the state on: minflt, majflt, starttime
+            return None
+        return int(fields[19]), int(fields[7]) + int(fields[9])
+    except (IndexError, ValueError):
+        return None
 
 
 def live_pids() -> list[int]:

@@ -3,9 +3,9 @@
 root may open, and prints the reply: the model's own commands run as the model's uid and cannot.
 Imports no torch, so a request costs an interpreter start and a round trip.
 
-    ptenv-request preload|run_cell|read_result|trial|shell <base64 of the request's JSON fields, timeout included>
+    ptenv-request preload|run_cell|read_result|end_session|trial|shell <base64 of the request's JSON fields, timeout included>
 
-preload, run_cell, read_result and trial print the reply's document as JSON; shell answers as the
+preload, run_cell, read_result, end_session and trial print the reply's document as JSON; shell answers as the
 shell did.
 """
 
@@ -19,7 +19,7 @@ import sys
 from ptenv.inside.protocol import recv_frame, send_frame
 
 SOCKET = os.environ.get("PTENV_SOCKET", "/run/ptenv.sock")
-OPS = ("preload", "run_cell", "read_result", "trial", "shell")
+OPS = ("preload", "run_cell", "read_result", "end_session", "trial", "shell")
 
 
 def main(args: list[str]) -> int:

@@ -16,14 +16,37 @@ MAX_CONTAINERS = 256  # JSON arrays and objects in that skeleton: a tensor's sha
 
 
 def describe(status: int) -> str:
-    """How a model's process ended, from its wait status."""
-    code = os.waitstatus_to_exitcode(status)
+    """How a model's process ended, from any wait status."""
+    code = exit_code(status)
+    if code is None:
+        return f"changed state (wait status {status})"
     if code == INTERPRETER_BROKEN:
         return "broke (a cell damaged the code that runs cells)"
     if code >= 0:
         return f"exited with code {code}"
-    name = signal.Signals(-code).name
+    name = signal_name(-code)
     return f"was killed by {name}" + (" (the CPU time limit)" if name == "SIGXCPU" else "")
+
+
+def exit_code(status: int) -> int | None:
+    """The exit code, or minus the signal that killed the process; None for a status that says neither."""
+    if not -(1 << 31) <= status < 1 << 31:
+        return None
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return None
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL, or SIGRTMIN+6 for a real-time signal, which signal.Signals has no member for."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
 
 
 def bounded_loads(data):

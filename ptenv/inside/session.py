@@ -1,8 +1,10 @@
 """The model's Python session, the supervisor's side: the interpreter process (interpreter.py) that
-holds the session's variables, and the three requests it serves: preload, run_cell, read_result.
-The session is restarted (a fresh interpreter, the inputs preloaded again) whenever the
-interpreter dies, runs past its limit or answers out of protocol."""
+holds the session's variables, and the requests it serves: preload, run_cell, read_result, and
+end_session. The session is restarted (a fresh interpreter, the inputs preloaded again) whenever
+the interpreter dies, runs past its limit or answers out of protocol; once ended, the next request
+starts a fresh one."""
 
+import contextlib
 import os
 import select
 import signal
@@ -10,20 +12,32 @@ import socket
 import time
 
 from ptenv.inside.interpreter import Interpreter
-from ptenv.inside.processes import ModelProcess
+from ptenv.inside.processes import ModelProcess, pids_of
 from ptenv.inside.protocol import recv_base64
 from ptenv.inside.replies import INTERPRETER_BROKEN, SKELETON_CAP, cell_doc, cell_status, invalid, result_doc
 from ptenv.inside.streams import Capture, read_available
 
 
 class Session:
-    def __init__(self, supervisor):
+    def __init__(self, supervisor, start: bool):
         self.supervisor = supervisor
         self.limits = supervisor.limits
         self.inputs = "{}"  # encoded inputs as JSON text; every fresh interpreter preloads them
         self.lost = None  # why the session was ended between requests; the next cell says it
-        self.interpreter: ModelProcess | None = None
-        self.start()
+        self.interpreter: ModelProcess | None = None  # None while the session is ended
+        if start:
+            self.start()
+
+    def ensure(self) -> str | None:
+        """A live interpreter: a fresh one if the session was ended or the last one is gone (and
+        then why it went)."""
+        if self.interpreter is None:
+            self.start()
+            return None
+        death = self.supervisor.death(self.interpreter)
+        if death:
+            self.restart()
+        return death
 
     def start(self) -> None:
         control, child_end = socket.socketpair()
@@ -53,29 +67,33 @@ class Session:
         self.start()
 
     def end(self) -> None:
-        """Kill the interpreter and everything the model started (in a container: the interpreter's
-        process group), and close our ends of its channels."""
-        target = -1 if self.supervisor.owns_pid_namespace else -self.interpreter.pid
-        deadline = time.monotonic() + self.limits.grace
-        for _ in range(100):  # a fork bomb may need a few rounds
-            try:
-                # The interpreter leads its own process group; as PID 1 we may kill everything else.
-                os.kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            while time.monotonic() < deadline:  # every wait has a bound: a D-state child is reaped later
-                try:
-                    pid, _ = os.waitpid(target, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    time.sleep(0.01)
+        """Kill the interpreter and everything the model started, and close our ends of its
+        channels: as PID 1 of the sandbox, every other process in it; in a container, every process
+        of the model's uid. Nothing the model left running outlives its session."""
+        if self.interpreter is None:
+            return
+        if self.supervisor.owns_pid_namespace:
+            kill_all(lambda: os.kill(-1, signal.SIGKILL), self.limits.grace)
+        else:
+            kill_all(self.kill_model_processes, self.limits.grace)
         self.interpreter.close()
+        self.interpreter = None
+
+    def kill_model_processes(self) -> None:
+        """In a container: SIGKILL every process of the model's uid, or, where the model runs as we
+        do, the interpreter's process group. ProcessLookupError once nothing is left."""
+        if self.supervisor.model is None:
+            os.killpg(self.interpreter.pid, signal.SIGKILL)
+            return
+        pids = pids_of(self.supervisor.model.uid)
+        if not pids:
+            raise ProcessLookupError
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def run_cell(self, code: str, limit: float) -> dict:
-        death = self.supervisor.death(self.interpreter)  # it may have died between cells (e.g. the CPU limit)
-        if death:
-            self.restart()
+        death = self.ensure()  # it may have died between cells (e.g. the CPU limit)
         reset, self.lost = self.lost or death, None
         cap = self.limits.output_bytes
         out, err = Capture(cap), Capture(cap)
@@ -93,8 +111,7 @@ class Session:
         return cell_doc(status, out, err, tb, reset, limit)
 
     def preload(self, inputs: str, limit: float) -> dict:
-        if self.supervisor.death(self.interpreter):
-            self.restart()
+        self.ensure()
         cap = self.limits.output_bytes
         frame, failure = self.supervisor.ask(self.interpreter, {"op": "preload", "inputs": inputs}, limit, cap, None)
         error = "" if frame == b"ok" else bytes(frame or b"").decode("utf-8", "replace")
@@ -109,8 +126,8 @@ class Session:
         """The result's document and its tensor's bytes in base64. A reply costs what its skeleton
         declares, never more: the skeleton is capped small, and the tensor's bytes are read only as
         a frame of exactly the declared size (a valid read-back of N bytes costs 4N/3 and a piece)."""
-        if self.supervisor.death(self.interpreter):
-            self.restart()
+        ended = self.interpreter is None
+        if self.ensure() or ended:  # a fresh session has no result
             return {"status": "missing"}, bytearray()
         deadline = time.monotonic() + limit + self.limits.grace
         frame, failure = self.supervisor.ask(self.interpreter, {"op": "read_result"}, limit, SKELETON_CAP, None)
@@ -134,3 +151,21 @@ class Session:
     def unreadable(self, failure: str) -> tuple[dict, bytearray]:
         self.restart()  # it may have left the channel mid-frame
         return invalid(f"reading result failed: the interpreter {failure}"), bytearray()
+
+
+def kill_all(kill, grace: float) -> None:
+    """Call `kill` until it finds nothing left to kill (ProcessLookupError), reaping what it killed
+    between rounds: a fork bomb may need a few. Every wait has a bound: a D-state child is reaped later."""
+    deadline = time.monotonic() + grace
+    for _ in range(100):
+        try:
+            kill()
+        except ProcessLookupError:
+            return
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.01)

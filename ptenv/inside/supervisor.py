@@ -35,14 +35,14 @@ CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root
 # Each request's fields besides id, op and timeout. An op has this one name on every hop: the host's
 # request, this supervisor's handler, the interpreter's op.
 REQUESTS = {"shell": ("command", "cwd"), "run_cell": ("code",), "preload": ("inputs",), "read_result": (),
-            "trial": ("source", "name", "cases", "call_limit", "ban")}
+            "end_session": (), "trial": ("source", "name", "inputs", "cases", "call_limit", "allowlist")}
 
 
 class Supervisor:
     """Serves the requests for one sandbox; owns the interpreter, the shells and the callers."""
 
     def __init__(self, channel: socket.socket, limits: Limits, model: ModelUser | None,
-                 cgroup: dict[str, int] | None = None, owns_pid_namespace: bool = True):
+                 cgroup: dict[str, int] | None = None, owns_pid_namespace: bool = True, session: bool = True):
         self.channel = channel  # its end means the sandbox was deleted
         self.limits = limits
         self.model = model  # None in a container we do not run as root in: the model runs as we do
@@ -53,7 +53,7 @@ class Supervisor:
         self.cpu_limit = (cpu, cpu + 5)  # past the soft limit SIGXCPU, past the hard one SIGKILL
         self.env = dict(os.environ)
         self.callers: dict[int, ModelProcess] = {}  # a trial's processes, by pid
-        self.session = Session(self)
+        self.session = Session(self, start=session)  # a trial's sandbox starts none
 
     # -- requests from the host
 
@@ -108,9 +108,11 @@ class Supervisor:
             reply = self.session.run_cell(request["code"], limit)
         elif op == "preload":
             reply = self.session.preload(request["inputs"], limit)
+        elif op == "end_session":
+            self.session.end()
+            reply = {"status": "ok"}
         elif op == "trial":
-            cases, ban = json.loads(request["cases"]), json.loads(request["ban"])
-            reply = trial.run(self, request["source"], request["name"], cases, float(request["call_limit"]), ban, limit)
+            return trial.run(self, trial_of(request, timeout, self.limits))
         else:
             doc, data = self.session.read_result(limit)
             if data:
@@ -214,7 +216,7 @@ class Supervisor:
     def sweep(self) -> None:
         """Kill every process but us and the interpreter: what a cell or a command started (a
         background job, a fork bomb) does not outlive it."""
-        keep = {os.getpid(), self.session.interpreter.pid}
+        keep = {os.getpid(), *([self.session.interpreter.pid] if self.session.interpreter else [])}
         for _ in range(100):
             others = [pid for pid in live_pids() if pid not in keep]
             if not others:
@@ -230,10 +232,19 @@ class Supervisor:
         """As PID 1 we inherit every orphan: reap them all, remembering how the interpreter and the
         callers ended."""
         for pid, status in exited_children():
-            if pid == self.session.interpreter.pid:
+            if self.session.interpreter and pid == self.session.interpreter.pid:
                 self.session.interpreter.status = status
             elif pid in self.callers:
                 self.callers[pid].status = status
+
+
+def trial_of(request: dict, timeout: float, limits: Limits) -> trial.Trial:
+    """A trial request, with its deadline: the host's wait less the trial's reserve (trial.py)."""
+    return trial.Trial(source=request["source"], name=request["name"], inputs=request["inputs"],
+                       cases=json.loads(request["cases"]), call_limit=float(request["call_limit"]),
+                       allowlist=json.loads(request["allowlist"]),
+                       deadline=time.monotonic() + timeout - trial.reserve(limits.grace),
+                       loads_left=limits.cell_timeout, grace=limits.grace)
 
 
 def serve(socket_path: str, limits: Limits) -> None:

@@ -89,7 +89,7 @@ class FunctionFamily:
     def groups(self) -> tuple[Group, ...]:
         return BASE + self.allowed
 
-    def ban(self, level: int) -> dict | None:
+    def allowlist(self, level: int) -> dict | None:
         """What the trial allows at this level, as the `trial` request carries it: None
         (everything), or the aten packets allowed and whether autograd is."""
         if level != LEVELS[-1]:
@@ -147,7 +147,7 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
                   + "; ".join(c.name for c in f.cases) + "."]
         if f.hint:
             parts += [f"Hint: {f.hint}"]
-    if f.ban(level):
+    if f.allowlist(level):
         parts += ["", allowlist_text(f)]
     parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
               f"Example call: `{f.name}({shown})`.", "",

@@ -102,6 +102,13 @@ def select(tiers: list[str], split: str, num_examples: int, seed: int, kind: str
     return chosen
 
 
+def allowlist_base() -> list[str]:
+    """Every op some function family's hardest level allows: the trial zygote installs the
+    allowlist of these once (ptenv/inside/main.py), and each trial narrows it to its family's."""
+    levels = [f.allowlist(2) for families in FUNCTION_TIERS.values() for f in families]
+    return sorted({op for level in levels if level for op in level["allow"]})
+
+
 def find_family(family_id: str):
     """(tier, family) for a family id; KeyError naming it when there is none."""
     for catalogue in (TIERS, FUNCTION_TIERS):

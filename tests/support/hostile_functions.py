@@ -51,3 +51,47 @@ DIRECT_ONLY = {
 def answer_for(position: int, name: str) -> tuple[str, str]:
     trick = list(ANSWERS)[position % len(ANSWERS)]
     return trick, ANSWERS[trick].replace("{name}", name)
+
+
+# Issue 34's findings in the trial, each a final message. Played by the `trial_hostile` policy (by
+# task position) and in a real sandbox by tests/test_total_trial.py.
+SLOW_LOAD = 20  # seconds F1's answer sleeps at import: a second load passes the trial's one load budget (30 s)
+FORGE = ("import json, os, stat, struct\n"
+         "for fd in range(3, 64):\n"
+         "    try:\n"
+         "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+         "            for doc in ({'status': 'ban_failed', 'reason': 'forged'}, {'status': 'unprepared', 'reason': 'forged'},\n"
+         "                        {'status': 'prepared', 'protected': True}, {'status': 'ready'}):\n"
+         "                data = json.dumps(doc).encode()\n"
+         "                os.write(fd, struct.pack('>Q', len(data)) + data)\n"
+         "    except OSError:\n"
+         "        pass\n")
+TRIAL_ANSWERS = {
+    "F1_slow_load_calls_die": f"import os, time\ntime.sleep({SLOW_LOAD})\n" + HEADER + "    os._exit(3)\n",
+    "F4_forge_the_status": FORGE + HEADER + "    return torch.zeros(1)\n",
+    "F5_real_time_signal": "import os\n" + HEADER + "    os.kill(os.getpid(), 40)\n",
+    "F7_largest_outputs": HEADER + "    return tuple(torch.zeros(24_000) for _ in range(8))\n",  # 8 x 128,000 base64 bytes
+}
+WRONG = HEADER + "    return torch.zeros(1)\n"
+TRIAL_MESSAGES = {  # F3: text the host searches for the answer, not code the caller runs
+    "F3_blanks_after_a_fence": lambda name: "```" + " " * 200_000 + "x\n```python\n" + WRONG.format(name=name) + "```\n",
+    "F3_message_too_long": lambda name: "x" * 300_000 + "\n```python\n" + WRONG.format(name=name) + "```\n",
+}
+TRIAL_PLAYS = [*TRIAL_ANSWERS, *TRIAL_MESSAGES]
+# What each one's verdict must say: the model's failure, named.
+TRIAL_REASONS = {
+    "F1_slow_load_calls_die": "exited with code 3",
+    "F4_forge_the_status": "the answer could not be loaded: the process loading it sent a malformed reply",
+    "F5_real_time_signal": "was killed by SIGRTMIN+6",
+    "F7_largest_outputs": "returned 8 tensor(s)",
+    "F3_blanks_after_a_fence": "hidden case 1 of",
+    "F3_message_too_long": "characters; at most 262,144 are searched",
+}
+
+
+def trial_message(position: int, name: str) -> tuple[str, str]:
+    """(finding, the final message) the `trial_hostile` policy plays at a task position."""
+    play = TRIAL_PLAYS[position % len(TRIAL_PLAYS)]
+    if play in TRIAL_MESSAGES:
+        return play, TRIAL_MESSAGES[play](name)
+    return play, f"Playing {play}:\n```python\n{TRIAL_ANSWERS[play].replace('{name}', name)}```\n"

@@ -392,7 +392,7 @@ def search_child(family_id: str, resume: tuple[int, int, int], ban: bool, progre
     torch.set_num_threads(1)
     if ban:
         from ptenv.inside import allowlist
-        allowlist.install(set(family.ban(2)["allow"]))
+        allowlist.install(set(family.allowlist(2)["allow"]))
     names = overload_names()
     with open(progress, "r+b") as f:
         where = mmap.mmap(f.fileno(), PROGRESS.size)

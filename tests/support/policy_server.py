@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ptenv.tasks.rows import read_jsonl
 from tests.support.hostile import hostile_cell
-from tests.support.hostile_functions import answer_for
+from tests.support.hostile_functions import answer_for, trial_message
 
 BUNDLED_ROWS = Path(__file__).resolve().parents[2] / "train.jsonl"
 MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -152,6 +152,14 @@ def function_hostile_policy(row, messages, tools) -> dict:
     return _say(f"Playing {name}:\n```python\n{source}```\n")
 
 
+def trial_hostile_policy(row, messages, tools) -> dict:
+    """For a function task: a final message playing one of issue 34's findings in the trial
+    (tests/support/hostile_functions.py: TRIAL_PLAYS), chosen by the task's position."""
+    if row is None or row["info"].get("kind") != "function":
+        return _say("trial_hostile policy: not a function task.")
+    return _say(trial_message(row["position"], row["info"]["function"])[1])
+
+
 _turns: dict[tuple[int, str], int] = {}
 _turns_lock = threading.Lock()
 
@@ -172,7 +180,8 @@ def ban_hostile_policy(row, messages, tools) -> dict:
 
 
 POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy,
-            "function_hostile": function_hostile_policy, "ban_hostile": ban_hostile_policy}
+            "function_hostile": function_hostile_policy, "ban_hostile": ban_hostile_policy,
+            "trial_hostile": trial_hostile_policy}
 
 
 # --- wire format -------------------------------------------------------------------------------
