@@ -165,10 +165,10 @@ def test_every_kind_of_verdict_is_a_reason_of_the_report():
 
 
 @pytest.mark.slow
-def test_the_report_counts_the_verdicts_kind_not_its_wording(runs, tmp_path):
+def test_the_report_counts_the_verdicts_outcome_not_its_wording(runs, tmp_path):
     mixed, _ = runs
     rows = [json.loads(line) for line in results_of(mixed).read_text().splitlines()]
-    assert all(set(row["info"]["verdict"]) == {"score", "kind", "result_present", "shape_match", "dtype_match",
+    assert all(set(row["info"]["verdict"]) == {"score", "outcome", "result_present", "shape_match", "dtype_match",
                                                "values_match", "reason"} for row in rows)
     assert "verdict" not in rows[0]  # saved without `-C verdict`: the info has it anyway
 
@@ -181,13 +181,13 @@ def test_the_report_counts_the_verdicts_kind_not_its_wording(runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_saved_before_verdicts_had_a_kind_is_told_by_their_reasons(runs, tmp_path):
-    """As bench/results: the verdict at the row's top level (`-C scoring_error,verdict`), without a kind."""
+def test_a_run_saved_before_verdicts_had_an_outcome_is_told_by_their_reasons(runs, tmp_path):
+    """As bench/results: the verdict at the row's top level (`-C scoring_error,verdict`), without an outcome."""
     mixed, _ = runs
 
     def as_saved_then(row):
         info = {k: v for k, v in row["info"].items() if k not in ("verdict", "scoring_error")}
-        verdict = {k: v for k, v in row["info"]["verdict"].items() if k != "kind"}
+        verdict = {k: v for k, v in row["info"]["verdict"].items() if k != "outcome"}
         return {**row, "info": info, "verdict": verdict, "scoring_error": row["info"]["scoring_error"]}
 
     copy = rewritten(mixed, tmp_path / "run", as_saved_then)

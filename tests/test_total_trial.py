@@ -135,9 +135,12 @@ async def test_f5_a_real_time_signal_is_named_in_a_cell_a_command_and_a_call(box
     reply = await box.cell("import os\nos.kill(os.getpid(), 40)")
     assert reply.status == "reset" and "was killed by SIGRTMIN+6" in reply.note, reply
     pid = (await box.cell("import os\nprint(os.getpid())")).stdout.strip()
-    await box.sh(f"kill -40 {pid}")
+    # a fatal signal takes effect when its target next runs: wait until it has died (a zombie), so
+    # that the next cell finds a dead session and restarts it, rather than dying under the cell
+    await box.sh(f"kill -40 {pid}; while ! grep -qs '^State:.*Z' /proc/{pid}/status && [ -e /proc/{pid} ]; "
+                 "do sleep 0.05; done")
     reply = await box.cell("print(1)")
-    assert reply.status == "ok" and "was killed by SIGRTMIN+6" in reply.note, reply  # the session restarted
+    assert reply.status == "ok" and reply.stdout == "1\n" and "was killed by SIGRTMIN+6" in reply.note, reply  # the session restarted
 
 
 @pytest.fixture

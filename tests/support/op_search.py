@@ -17,7 +17,7 @@ scatter are searched apart.
 Some ops crash the process or hang on inputs they were not meant for, so the search runs in a
 child process, which keeps where it is (op, mode, binding) in a shared file; the parent restarts it
 after the binding it died or hung on (SKIP lists ops known to crash on most bindings, to save the
-restarts). With `--ban` the child first installs the family's hardest-level allowlist, as the
+restarts). With `--allowlist` the child first installs the family's hardest-level allowlist, as the
 caller does: then nothing must be found (tests/test_allowlist.py).
 
 Run it: .venv/bin/python -m tests.support.op_search advanced/tensor_ops/scatter_reduce_fn
@@ -383,14 +383,14 @@ def resolve(name: str):
     return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
-def search_child(family_id: str, resume: tuple[int, int, int], ban: bool, progress: str) -> None:
+def search_child(family_id: str, resume: tuple[int, int, int], under_allowlist: bool, progress: str) -> None:
     """Try every overload from `resume` (op, mode, binding: past that binding), writing where it
     is to the `progress` file (plain stores into a mapping: no system call per binding)."""
     from ptenv.tasks.tiers import find_family
     family = find_family(family_id)[1]
-    groups = modes(family)  # drawn before the ban: the references may use banned ops
+    groups = modes(family)  # drawn before the allowlist: the references may use ops off it
     torch.set_num_threads(1)
-    if ban:
+    if under_allowlist:
         from ptenv.inside import allowlist
         allowlist.install(set(family.allowlist(2)["allow"]))
     names = overload_names()
@@ -431,7 +431,7 @@ def search_op(op, cases: list, past: int = -1, mark=lambda j: None):
 # --- the parent: run the child, past crashes and hangs ---------------------------------------------
 
 
-def search(family_id: str, ban: bool = False, timeout: float = 1800.0, log=None) -> tuple[list[Found], list[str]]:
+def search(family_id: str, allowlist: bool = False, timeout: float = 1800.0, log=None) -> tuple[list[Found], list[str]]:
     """(what computes a mode of the family whole, the bindings the child died or hung on)."""
     found, lost, resume, deadline = [], [], (0, 0, -1), time.monotonic() + timeout
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -440,7 +440,7 @@ def search(family_id: str, ban: bool = False, timeout: float = 1800.0, log=None)
         progress.flush()
         while True:
             cmd = [sys.executable, "-m", "tests.support.op_search", "--child", family_id, progress.name,
-                   *map(str, resume)] + (["--ban"] if ban else [])
+                   *map(str, resume)] + (["--allowlist"] if allowlist else [])
             child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root,
                                      env=dict(os.environ, OMP_NUM_THREADS="1"))
             op, done = None, False
@@ -491,18 +491,18 @@ def lines_until(child, deadline: float):
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--child"]:
-        search_child(argv[1], tuple(map(int, argv[3:6])), "--ban" in argv, argv[2])
+        search_child(argv[1], tuple(map(int, argv[3:6])), "--allowlist" in argv, argv[2])
         return
-    ban = "--ban" in argv
+    under_allowlist = "--allowlist" in argv
     names = [a for a in argv if not a.startswith("--")]
     if names == ["all"]:
         from ptenv.tasks.tiers import FUNCTION_TIERS
         names = [f.id for members in FUNCTION_TIERS.values() for f in members]
     for name in names:
         family = family_by_name(name)
-        print(f"== {family.id}{' (under its allowlist)' if ban else ''}", flush=True)
+        print(f"== {family.id}{' (under its allowlist)' if under_allowlist else ''}", flush=True)
         t0 = time.monotonic()
-        found, lost = search(family.id, ban, log=lambda s: print("  " + s, flush=True))
+        found, lost = search(family.id, under_allowlist, log=lambda s: print("  " + s, flush=True))
         packets = sorted({f.packet() for f in found})
         print(f"  packets: {packets}\n  lost: {lost}\n  {time.monotonic() - t0:.0f} s", flush=True)
 
