@@ -94,9 +94,9 @@ class NaiveClient:
         self.clients.clear()
 
 
-def naive() -> transports.Transport:
-    client = NaiveClient(Limits(cell_timeout=transports.CELL_TIMEOUT))
-    return dataclasses.replace(transports.local(), client=client, delete_all=client.bulk_delete, call=client.call)
+def naive(limits: Limits = transports.LIMITS) -> transports.Transport:
+    client = NaiveClient(limits)
+    return dataclasses.replace(transports.local(limits), client=client, delete_all=client.bulk_delete, call=client.call)
 
 
 transports.TRANSPORTS["naive"] = naive  # load_environment(sandbox="naive") builds the same env on it
