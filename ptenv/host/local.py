@@ -6,6 +6,7 @@ process tree is in ptenv/inside/forkserver.py), kept ready by a pool (pool.py).
 
 import asyncio
 import json
+import resource
 import socket
 from datetime import datetime, timezone
 
@@ -21,6 +22,8 @@ from ptenv.host.pool import Box, Pool
 from ptenv.host.view import isolation_mode
 from ptenv.inside.protocol import FRAME, Limits, one_line, recv_frame_async
 
+# Host fds a rollout holds: its sandbox's channel, its model connection, and verifiers' own.
+FDS_PER_ROLLOUT = 4
 HOST_MARGIN = 5.0  # past a command's own deadline, the supervisor itself is considered hung
 DEFAULT_TIMEOUT = 300.0  # prime_sandboxes' default per command
 
@@ -33,6 +36,7 @@ class LocalSandboxClient:
     def __init__(self, limits: Limits = Limits(), allowlist_base: list[str] | None = None):
         self.limits = limits
         self.isolation_mode = isolation_mode()
+        self.open_files = raise_open_file_limit()
         self.pool = Pool(limits, self.pool_size, allowlist_base)
         self._boxes: dict[str, Box] = {}
 
@@ -190,6 +194,15 @@ class LocalSandboxClient:
                 box.sock.close()
             self._boxes.pop(box.id, None)
 
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and return it: each
+    sandbox in use holds one of the host's fds, and a trainer keeps a thousand in flight."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
 
 
 def not_running(box: Box) -> SandboxNotRunningError:

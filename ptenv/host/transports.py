@@ -9,7 +9,7 @@ from typing import AsyncContextManager, Awaitable, Callable
 
 from prime_sandboxes import CreateSandboxRequest
 
-from ptenv.host.local import LocalSandboxClient
+from ptenv.host.local import FDS_PER_ROLLOUT, LocalSandboxClient
 from ptenv.inside.protocol import Limits
 
 LOG = logging.getLogger("verifiers.pytorch_env")  # shown wherever verifiers' own log is
@@ -17,6 +17,7 @@ CELL_TIMEOUT = 30  # seconds one execute_code cell may run
 LIMITS = Limits(cell_timeout=CELL_TIMEOUT)  # what each sandbox is allowed
 COMMAND_TIMEOUT = 30  # seconds for one bash command, and for reading `result` back
 CELL_MARGIN = 15  # past the cell limit: the session is restarted and the reply sent
+IN_FLIGHT = 1024  # rollouts a trainer may keep in flight in one process: below room for this, say so
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Transport:
 def local(limits: Limits = LIMITS, allowlist_base: list[str] | None = None) -> Transport:
     client = LocalSandboxClient(limits, allowlist_base)
     LOG.info("pytorch-env local sandboxes: %s", client.isolation_mode)
+    if client.open_files < IN_FLIGHT * FDS_PER_ROLLOUT:
+        LOG.warning("pytorch-env: this process may open %d files (its hard limit), room for about %d rollouts in "
+                    "flight; past that a sandbox cannot be created (raise it with `ulimit -Hn`)",
+                    client.open_files, client.open_files // FDS_PER_ROLLOUT)
 
     async def supervisor_is_built_in(sandbox_id: str) -> None:
         """Local sandboxes start with their session running."""

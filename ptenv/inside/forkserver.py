@@ -12,14 +12,13 @@ freed for the next sandbox) as they go, by the same loop that serves the host.
 
 import json
 import os
-import select
 import signal
 import socket
 
 from ptenv.inside import cgroups
 from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import isolate_supervisor
-from ptenv.inside.protocol import Limits, send_frame
+from ptenv.inside.protocol import Limits, readable, send_frame
 from ptenv.inside.supervisor import Supervisor
 from ptenv.inside.syscalls import CLONE_NEWPID, check, libc
 
@@ -43,7 +42,7 @@ class ForkServer:
     def serve(self) -> None:
         self.control.send(json.dumps({"ready": True}).encode())
         while True:
-            ready, _, _ = select.select([self.control], [], [], REAP_EVERY)
+            ready = readable([self.control], REAP_EVERY)
             self.reap()
             if not ready:
                 continue

@@ -8,6 +8,7 @@ peer that trickles a byte at a time cannot stretch it.
 
 import asyncio
 import binascii
+import math
 import select
 import socket
 import struct
@@ -115,13 +116,26 @@ def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) ->
     while got < n:
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
+            if left <= 0 or not readable([sock], left):
                 raise TimeoutError(f"{got} of {n} bytes arrived before the deadline")
         k = sock.recv_into(view[got:])
         if k == 0:
             return False
         got += k
     return True
+
+
+def readable(files: list, timeout: float | None) -> list:
+    """Those of `files` (objects with fileno(), or fd numbers) that are readable, hung up or in
+    error within `timeout` seconds (None: no limit). select.select without its ceiling: it
+    raises for any fd numbered past 1023, and a host may hold thousands."""
+    poller, by_fd = select.poll(), {}
+    for f in files:
+        fd = f if isinstance(f, int) else f.fileno()
+        by_fd[fd] = f
+        poller.register(fd, select.POLLIN)
+    wait = None if timeout is None else math.ceil(max(timeout, 0) * 1000)
+    return [by_fd[fd] for fd, _ in poller.poll(wait)]
 
 
 async def recv_frame_async(loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: int = MAX_FRAME) -> bytearray | None:

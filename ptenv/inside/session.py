@@ -6,14 +6,13 @@ starts a fresh one."""
 
 import contextlib
 import os
-import select
 import signal
 import socket
 import time
 
 from ptenv.inside.interpreter import Interpreter
 from ptenv.inside.processes import ModelProcess, pids_of
-from ptenv.inside.protocol import recv_base64
+from ptenv.inside.protocol import readable, recv_base64
 from ptenv.inside.replies import INTERPRETER_BROKEN, SKELETON_CAP, cell_doc, cell_status, invalid, result_doc
 from ptenv.inside.streams import Capture, read_available
 
@@ -55,7 +54,7 @@ class Session:
         os.close(on_model_side_w)
         # Wait until the interpreter runs as the model (or is gone): until then the model's next
         # command could not see it, and a `kill -9 -1` sent right after a reset would miss it.
-        select.select([on_model_side], [], [], self.limits.cell_timeout)
+        readable([on_model_side], self.limits.cell_timeout)
         os.close(on_model_side)
         for fd in (out_r, err_r):
             os.set_blocking(fd, False)

@@ -2,13 +2,12 @@
 its output captured and paced (streams.py), within its time limit and the sandbox's memory."""
 
 import os
-import select
 import signal
 import subprocess
 import time
 
 from ptenv.inside.memory import MEMORY_POLL
-from ptenv.inside.protocol import model_text, one_line
+from ptenv.inside.protocol import model_text, one_line, readable
 from ptenv.inside.streams import Capture, paced, read_available, read_paced
 
 
@@ -32,9 +31,8 @@ def run(supervisor, command: str, cwd: str, timeout: float) -> dict:
     over_memory = False
     while True:
         left = deadline - time.monotonic()
-        readable, pace = paced(streams, MEMORY_POLL)
-        ready, _, _ = select.select([pidfd, supervisor.channel, *readable], [], [],
-                                    min(max(left, 0), supervisor.memory.until_look(), pace))
+        open_streams, pace = paced(streams, MEMORY_POLL)
+        ready = readable([pidfd, supervisor.channel, *open_streams], min(max(left, 0), supervisor.memory.until_look(), pace))
         supervisor.exit_if_deleted(ready)
         for fd, sink in streams.items():
             read_paced(fd, sink)

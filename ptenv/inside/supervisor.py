@@ -13,7 +13,6 @@ failure of the supervisor itself reaches the host, as an error: a harness fault.
 import json
 import os
 import resource
-import select
 import signal
 import socket
 import time
@@ -23,7 +22,7 @@ from ptenv.inside.children import exited_children
 from ptenv.inside.isolation import SCRATCH, ModelUser, become_model, close_fds_except
 from ptenv.inside.memory import MEMORY_POLL, MemoryWatch, live_pids
 from ptenv.inside.processes import ModelProcess
-from ptenv.inside.protocol import Limits, recv_frame, send_frame, send_pieces
+from ptenv.inside.protocol import Limits, readable, recv_frame, send_frame, send_pieces
 from ptenv.inside.replies import describe
 from ptenv.inside.session import Session
 from ptenv.inside.streams import Capture, paced, read_paced
@@ -71,7 +70,7 @@ class Supervisor:
         session (a fresh interpreter waits, and the next cell says why)."""
         if not self.memory.looks:
             return
-        while not select.select([self.channel], [], [], self.memory.until_look())[0]:
+        while not readable([self.channel], self.memory.until_look()):
             if self.memory.over():
                 self.session.restart()
                 self.session.lost = f"used more than its {self.limits.memory_mb} MiB of memory"
@@ -157,7 +156,7 @@ class Supervisor:
 
     def death(self, process: ModelProcess) -> str | None:
         """Why a process of the model's (the interpreter, a caller) is gone, or None while it lives."""
-        if not select.select([process.pidfd], [], [], 0)[0]:
+        if not readable([process.pidfd], 0):
             return None
         self.reap()
         if self.memory.over(now=True):
@@ -185,8 +184,8 @@ class Supervisor:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None, None
-            readable, pace = paced(streams, MEMORY_POLL)
-            ready, _, _ = select.select(watch + readable, [], [], min(left, self.memory.until_look(), pace))
+            open_streams, pace = paced(streams, MEMORY_POLL)
+            ready = readable(watch + open_streams, min(left, self.memory.until_look(), pace))
             self.exit_if_deleted(ready)
             for fd, sink in streams.items():
                 read_paced(fd, sink)
@@ -202,7 +201,7 @@ class Supervisor:
                 if frame is not None:
                     return frame, None
                 # A dying process closes its sockets before it is done exiting: wait a moment.
-                select.select([process.pidfd], [], [], 1.0)
+                readable([process.pidfd], 1.0)
                 return None, self.death(process) or "closed its control channel"
             if process.pidfd in ready:
                 return None, self.death(process) or "ended"

@@ -15,7 +15,6 @@ Two rules make it total, whatever the answer does:
 
 import json
 import os
-import select
 import signal
 import socket
 import time
@@ -23,7 +22,8 @@ from dataclasses import dataclass
 
 from ptenv.inside import allowlist, caller
 from ptenv.inside.processes import ModelProcess
-from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, model_text, one_line, recv_base64, recv_frame
+from ptenv.inside.protocol import (HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS, model_text, one_line, readable, recv_base64,
+                                   recv_frame)
 from ptenv.inside.replies import SKELETON_CAP, bounded_loads, exit_code, invalid, result_doc
 
 NOT_RUN = {"status": "timeout", "reason": "not run: an earlier case ran past its limit"}
@@ -229,7 +229,7 @@ def stop_caller(supervisor, process: ModelProcess) -> None:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
-    select.select([process.pidfd], [], [], supervisor.limits.grace)  # bounded: a D-state caller is reaped later
+    readable([process.pidfd], supervisor.limits.grace)  # bounded: a D-state caller is reaped later
     supervisor.reap()
     process.close()
     supervisor.callers.pop(process.pid, None)
