@@ -266,7 +266,7 @@ def test_nothing_the_model_left_running_in_its_container_reaches_its_trial(servi
     the interpreter's process group) would serve the caller what the allowlist removes. The session
     ends before the trial (env/rollout.py), killing every process of the model's uid, so the caller
     finds no one to ask."""
-    from ptenv.env.rollout import assess_rollout
+    from ptenv.env.rollout import assess_rollout, start_draw
     from ptenv.tasks.rows import parse_row
 
     transport = transports.prime(Limits(cell_timeout=10))
@@ -280,7 +280,7 @@ def test_nothing_the_model_left_running_in_its_container_reaches_its_trial(servi
             left = await run_cell(transport.call, sandbox.id, ORACLE, timeout=30, limits=transport.limits)
             source = ASK_THE_ORACLE.replace("{name}", SEGMENT_MEAN.name)
             outcome = await assess_rollout(row, transport, sandbox.id, final_message=f"```python\n{source}```",
-                                           cases=HiddenCases("prime", 4), partial_credit=False)
+                                           draw=start_draw(row, HiddenCases("prime", 4)), partial_credit=False)
             survivors = await transport.client.execute_command(
                 sandbox.id, "PYTHONPATH=/opt/ptenv python3 -c 'from ptenv.inside.processes import pids_of; "
                             f"print(len(pids_of({supervisor.CONTAINER_MODEL_UID})))'")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prime_sandboxes import CreateSandboxRequest
 
-from ptenv.env.rollout import assess_rollout
+from ptenv.env.rollout import assess_rollout, start_draw
 from ptenv.host import answer, requests, transports
 from ptenv.host.assess import assess_function
 from ptenv.host.local import LocalSandboxClient
@@ -296,7 +296,8 @@ async def test_a_rollouts_trial_ends_its_session_first_wherever_it_runs(zygote_t
     leftover = "import threading, time\nthreading.Thread(target=time.sleep, args=(300,), daemon=True).start()\nprint('left')"
     assert (await box.cell(leftover)).stdout == "left\n"
     message = f"```python\n{SEGMENT_MEAN.by_hand}```"
-    outcome = await assess_rollout(row, transport, box.id, final_message=message, cases=CASES, partial_credit=False)
+    outcome = await assess_rollout(row, transport, box.id, final_message=message, draw=start_draw(row, CASES),
+                                   partial_credit=False)
     assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), outcome.verdict.reason
     assert len(box.processes()) == 1  # the supervisor alone: the session and what it left running are gone
     await transport.client.delete(box.id)

@@ -1,7 +1,6 @@
 """The classic verifiers adapter (verifiers <= 0.3.1): PyTorchEnv on SandboxEnv, host-side grading in post_rollout."""
 
 import json
-import secrets
 
 import verifiers as vf
 from datasets import Dataset
@@ -26,6 +25,7 @@ class PyTorchEnv(SandboxEnv):
         self.tasks = {task.task_id: task for task in tasks}  # expected outputs stay in host memory
         self.transport = transport
         self.cases = cases  # function tasks' hidden cases, drawn on the host from a secret
+        self.draws: dict[str, rollout.Draw] = {}  # by trajectory id, from setup_state to post_rollout
         self.partial_credit = partial_credit
         super().__init__(
             start_command=None,  # the transport's request says how a sandbox starts
@@ -39,11 +39,14 @@ class PyTorchEnv(SandboxEnv):
         self.add_tool(self.execute_code, args_to_skip=["sandbox_id", "sandbox_state"])
 
     async def setup_state(self, state: vf.State, **kwargs) -> vf.State:
+        task = self.tasks[state["info"]["task_id"]]
+        if draw := rollout.start_draw(task, self.cases):
+            self.draws[state["trajectory_id"]] = draw
         state = await super().setup_state(state, **kwargs)
         sandbox_id = state["sandbox_id"]
         await self._wait_for_sandbox_ready(state["sandbox_state"], sandbox_id)
         try:
-            await rollout.start_session(self.tasks[state["info"]["task_id"]], self.transport, sandbox_id)
+            await rollout.start_session(task, self.transport, sandbox_id)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {one_line(e)}") from e
         return state
@@ -80,12 +83,17 @@ class PyTorchEnv(SandboxEnv):
 
     async def post_rollout(self, state: vf.State):
         """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
+        draw = self.draws.pop(state["trajectory_id"], None)
+        if draw is not None:
+            state["info"].update(draw.info)
         if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
+            if draw is not None:
+                draw.cases.cancel()  # not needed, if not begun
             assessment = assess.harness_fault(rollout.error_chain(state["error"]))
         else:
             assessment = await rollout.assess_rollout(
                 self.tasks[state["info"]["task_id"]], self.transport, state["sandbox_id"],
-                final_message=answer.final_message(state["completion"]), cases=self.cases,
+                final_message=answer.final_message(state["completion"]), draw=draw,
                 partial_credit=self.partial_credit)
             if assessment.scoring_error is not None:
                 # A rollout error is what vf-eval and trainers mask; only the harness fails this way.
@@ -158,7 +166,7 @@ def load_environment(
     return PyTorchEnv(
         tasks + eval_tasks,
         transport=transports.create(sandbox, allowlist_base=allowlist_base()),
-        cases=functions.HiddenCases(secrets.token_hex(16), hidden_cases),
+        cases=functions.HiddenCases(rollout.evaluation_secret(), hidden_cases),
         partial_credit=partial_credit,
         dataset=as_dataset(tasks),
         eval_dataset=as_dataset(eval_tasks) if eval_tasks else None,

@@ -1,7 +1,13 @@
-"""What both verifiers adapters do for one rollout: start its session, and assess it once it ends,
-a result task or a function task, from the task's row."""
+"""What both verifiers adapters do for one rollout: start its session and its hidden cases' draw,
+and assess it once it ends, a result task or a function task, from the task's row."""
 
 import asyncio
+import concurrent.futures
+import os
+import queue
+import secrets
+import threading
+from dataclasses import dataclass
 
 from ptenv.host import answer, assess, requests
 from ptenv.host.blame import HarnessFault, ModelFault
@@ -10,6 +16,73 @@ from ptenv.inside.protocol import one_line
 from ptenv.tasks.functions import HiddenCases
 from ptenv.tasks.rows import TaskRow
 from ptenv.tasks.tiers import find_family
+
+# Inherited by every process the loading process starts afterwards: verifiers' env-server workers
+# (classic and 0.4 alike) draw from the same secret. Sandboxes start from a cleared environment.
+SECRET_VARIABLE = "PTENV_HIDDEN_CASES_SECRET"
+
+
+def evaluation_secret() -> str:
+    """The secret every rollout's hidden cases are drawn from: made by the first process of an
+    evaluation that loads the environment (vf-eval, a trainer's orchestrator), or set by the user
+    to draw reproducibly (each rollout records its nonce)."""
+    return os.environ.setdefault(SECRET_VARIABLE, secrets.token_hex(16))
+
+
+class Drawer:
+    """One thread that draws hidden cases, a rollout's at a time, off the event loop. A daemon: an
+    exiting host waits for no draw (its sandboxes go with it, host/pool.py)."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def submit(self, fn, *args) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="ptenv-hidden-cases", daemon=True)
+                self.thread.start()
+        self.jobs.put((future, fn, args))
+        return future
+
+    def run(self) -> None:
+        while True:
+            future, fn, args = self.jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue  # its rollout ended first
+            try:
+                future.set_result(fn(*args))
+            except BaseException as e:
+                future.set_exception(e)
+
+
+DRAWER = Drawer()
+
+
+@dataclass
+class Draw:
+    """A rollout's hidden cases, being drawn."""
+
+    nonce: str
+    secret_id: str
+    cases: asyncio.Future
+
+    @property
+    def info(self) -> dict:
+        """What the rollout records: with the secret, the nonce draws its cases again."""
+        return {"hidden_nonce": self.nonce, "hidden_secret_id": self.secret_id}
+
+
+def start_draw(row: TaskRow, cases: HiddenCases) -> Draw | None:
+    """Start drawing a function task's hidden cases for this rollout alone (None for a result task):
+    when the rollout starts, so that they are ready by its end."""
+    if row.kind != "function":
+        return None
+    nonce = secrets.token_hex(8)
+    future = DRAWER.submit(cases.of, find_family(row.family)[1], row.seed, nonce)
+    return Draw(nonce, cases.secret_id, asyncio.wrap_future(future))
 
 
 async def start_session(row: TaskRow, transport: Transport, sandbox_id: str) -> None:
@@ -20,14 +93,14 @@ async def start_session(row: TaskRow, transport: Transport, sandbox_id: str) -> 
 
 
 async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *, final_message: str,
-                         cases: HiddenCases, partial_credit: bool) -> assess.Assessment:
+                         draw: Draw | None, partial_credit: bool) -> assess.Assessment:
     """Never raises: a harness fault is an Assessment with a scoring_error."""
     if row.kind == "result":
         return await assess.assess_result(transport.call, sandbox_id, expected=row.expected,
                                           timeout=transport.command_timeout)
     family = find_family(row.family)[1]
     try:
-        drawn = cases.of(family, row.seed)
+        drawn = await draw.cases
     except Exception as e:  # a family that cannot draw its cases is the harness's failure
         return assess.assessment_of(HarnessFault("drawing the hidden cases", one_line(e)))
     try:

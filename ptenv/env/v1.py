@@ -18,7 +18,6 @@ Where each part runs, and why:
 """
 
 import json
-import secrets
 
 import verifiers.v1 as vf
 from verifiers.v1.harnesses.null.harness import NullHarness, NullHarnessConfig
@@ -70,14 +69,13 @@ class PyTorchTasksetConfig(vf.TasksetConfig):
     partial_credit: bool = False
 
 
-_hidden: dict[int, functions.HiddenCases] = {}
+_draws: dict[str, rollout.Draw] = {}  # by trace id, from Task.setup to finalize (or cleanup)
 
 
 def hidden_cases(n: int) -> functions.HiddenCases:
-    """This process's hidden cases of function tasks, n per task, from a secret of its own."""
-    if n not in _hidden:
-        _hidden[n] = functions.HiddenCases(secrets.token_hex(16), n)
-    return _hidden[n]
+    """Function tasks' hidden cases, n per rollout, from the evaluation's secret: the process that
+    loaded the taskset made it, and verifiers' env-server workers inherit it."""
+    return functions.HiddenCases(rollout.evaluation_secret(), n)
 
 
 class PyTorchHarnessConfig(NullHarnessConfig):
@@ -97,6 +95,9 @@ class PyTorchHarness(NullHarness, vf.Harness[PyTorchHarnessConfig]):
                 trace.info["scoring_error"] = one_line(reason)
             trace.record_metric("harness_error", float(not trace.ok))
         finally:
+            draw = _draws.pop(trace.id, None)
+            if draw is not None:  # the rollout failed before finalize
+                draw.cases.cancel()
             if trace.state.sandbox_id is not None:
                 await sandboxes()[0].client.delete(trace.state.sandbox_id)
 
@@ -116,13 +117,17 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
                 f"pytorch-env runs with its own verifiers Harness (got {trace.agent.config.harness.id!r}): it keeps the "
                 "model's code in the sandbox and deletes the sandbox afterwards; drop --env.agent.harness.id"
             )
+        row = self.row()
+        if draw := rollout.start_draw(row, hidden_cases(self.data.grading["hidden_cases"])):
+            _draws[trace.id] = draw
+            trace.info.update(draw.info)
         transport, relay = sandboxes()
         await relay.serve()
         try:
             sandbox = await transport.client.create(transport.request)
             trace.state.sandbox_id = sandbox.id  # from here on, PyTorchHarness.cleanup deletes it
             await transport.client.wait_for_creation(sandbox.id)
-            await rollout.start_session(self.row(), transport, sandbox.id)
+            await rollout.start_session(row, transport, sandbox.id)
         except Exception as e:
             raise vf.SandboxError(f"could not start the session: {one_line(e)}") from e
 
@@ -130,8 +135,7 @@ class PyTorchTask(vf.Task[PyTorchTaskData, PyTorchState, vf.TaskConfig]):
         transport, _ = sandboxes()
         settings = self.data.grading
         assessment = await rollout.assess_rollout(self.row(), transport, trace.state.sandbox_id,
-                                                  final_message=trace.last_reply,
-                                                  cases=hidden_cases(settings["hidden_cases"]),
+                                                  final_message=trace.last_reply, draw=_draws.pop(trace.id, None),
                                                   partial_credit=settings["partial_credit"])
         trace.info.update(assessment.as_state())
         if assessment.scoring_error is not None:
@@ -161,6 +165,7 @@ class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
     def load(self):
         config = self.config
         check_function_arguments(config.hidden_cases, config.partial_credit)
+        rollout.evaluation_secret()  # made here, before verifiers starts the workers that inherit it
         prompt = SYSTEM_PROMPT if config.kind == "result" else FUNCTION_SYSTEM_PROMPT
         grading = {"hidden_cases": config.hidden_cases, "partial_credit": config.partial_credit}
         for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed,

@@ -7,9 +7,10 @@ each Case samples the keyword arguments of one call, and the contract states it 
 example shown to the model is a draw of the first class, preloaded by name as a result task's
 inputs are.
 
-Hidden cases are drawn on the host after the model's last turn, from seeds the model cannot know
-(a secret of the environment, see `HiddenCases`), one of each class in order, then again from the
-first; the references are computed on the host and never enter the sandbox. A set of draws is
+Hidden cases are drawn on the host for each rollout alone, from seeds the model cannot know (a
+secret of the evaluation and a nonce of the rollout, see `HiddenCases`), one of each class in
+order, then again from the first; the references are computed on the host and never enter the
+sandbox. A set of draws is
 kept only when the references pass against their float64 recompute (the tolerance gate) and every
 plausible wrong implementation the family lists fails at least one case, while every other correct
 implementation it lists passes them all; otherwise it is redrawn.
@@ -22,7 +23,6 @@ whole, and for a backward, automatic differentiation is removed too.
 """
 
 import hashlib
-import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -187,23 +187,26 @@ def as_outputs(value) -> list:
 
 
 class HiddenCases:
-    """The hidden cases of each function task, drawn once per environment from its secret, so that
-    every rollout of a prompt (a GRPO group) is graded on the same cases, and the model, which never
-    sees the secret, cannot draw them in the sandbox."""
+    """Hidden cases drawn from a secret the model never sees, so it cannot draw them in the sandbox.
+    Each rollout gets a set of its own (the same classes, fresh seeds), named by its nonce: one
+    rollout's trial could leak its inputs to another rollout of the prompt (through the host's page
+    cache, issue 35), and what leaks is then worth nothing to it."""
 
     def __init__(self, secret: str, n: int):
         self.secret, self.n = secret, n
-        self.cache: dict[tuple[str, int], list[tuple[str, Args, list[torch.Tensor]]]] = {}
-        self.lock = threading.Lock()
 
-    def of(self, family: FunctionFamily, seed: int) -> list[tuple[str, Args, list[torch.Tensor]]]:
-        """[(class, arguments, reference outputs)] for the task (family, seed)."""
-        with self.lock:
-            key = (family.id, seed)
-            if key not in self.cache:
-                tag = hashlib.sha256(f"{self.secret}#{seed}".encode()).hexdigest()[:16]
-                self.cache[key] = gated_draw(family, tag, self.n)
-            return self.cache[key]
+    def of(self, family: FunctionFamily, seed: int, nonce: str = "") -> list[tuple[str, Args, list[torch.Tensor]]]:
+        """[(class, arguments, reference outputs)] for a rollout (its nonce) of the task (family,
+        seed); without a nonce, the one set of the secret a test or a benchmark reuses. A gated
+        draw runs the reference and every listed implementation: up to a second or more."""
+        key = f"{self.secret}#{seed}" + (f"#{nonce}" if nonce else "")
+        tag = hashlib.sha256(key.encode()).hexdigest()[:16]
+        return gated_draw(family, tag, self.n)
+
+    @property
+    def secret_id(self) -> str:
+        """A name for the secret that tells nothing of it: rollouts with the same drew alike."""
+        return hashlib.sha256(f"secret id#{self.secret}".encode()).hexdigest()[:12]
 
 
 def gated_draw(family: FunctionFamily, key: str, n: int) -> list[tuple[str, Args, list[torch.Tensor]]]:
