@@ -9,9 +9,11 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import errno
 import itertools
 import json
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -30,6 +32,9 @@ START_TIMEOUT = 60.0  # fork server start (imports torch)
 CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
 UID_SLOTS = 1 << 16  # each client takes a random block of uids; two per sandbox, never reused early
 BACKOFF = (0.1, 5.0)  # seconds between refill attempts after a failure: first, and at most
+# Sandboxes forked whose supervisors are still isolating: a burst's sandboxes start side by side
+# (each supervisor's set-up, its interpreter's cgroup attach among it, waits on the kernel).
+SPAWN_AHEAD = 16
 
 
 class ControlError(SandboxUnavailableError):
@@ -56,6 +61,15 @@ class Box:
         except OSError:
             return False
 
+
+@dataclass
+class Starting:
+    """A sandbox the fork server forked, whose supervisor has not yet said it is ready."""
+
+    sock: socket.socket
+    pid: int
+    uid: int
+    server: str  # the fork server that forked it: "main" or "trial"
 
 
 class Pool:
@@ -163,17 +177,20 @@ class Pool:
         It also owns the fork server process, whose bwrap dies with the thread that started it,
         and replaces it when it dies or stops answering."""
         backoff, replaced = BACKOFF[0], False
+        starting: collections.deque[Starting] = collections.deque()
         while True:
             with self._cond:
-                while not self._closed and len(self._idle) >= self.size + self._waiting:
+                while not self._closed and not starting and self._wanted() <= 0:
                     self._cond.wait()
                 if self._closed:
+                    close_all(starting)
                     return
             try:
                 if self.forkserver is None or self.forkserver.poll() is not None:
                     self._start_forkserver()
-                box = self._spawn()
+                box = self._next_box(starting)
             except Exception as e:
+                close_all(starting)  # their supervisors exit at the end of their channel
                 if isinstance(e, ControlError):
                     self._stop_forkserver()
                     if not replaced:  # a fork server that died: start another at once, unseen by waiters
@@ -190,6 +207,21 @@ class Pool:
             with self._cond:
                 self._idle.append(box)
                 self._cond.notify_all()
+
+    def _wanted(self) -> int:
+        """Sandboxes to make beyond the idle ones: `size`, and one per waiting create; holds _cond."""
+        return self.size + self._waiting - len(self._idle)
+
+    def _next_box(self, starting: collections.deque[Starting]) -> Box:
+        """The next sandbox ready: first fork as many as are wanted, up to SPAWN_AHEAD at once, so
+        that their supervisors start side by side; then wait for the oldest one's first word."""
+        while True:
+            with self._cond:
+                more = min(self._wanted(), SPAWN_AHEAD) - len(starting)
+            if more <= 0:
+                break
+            starting.append(self._fork_sandbox("main"))
+        return self._ready(starting.popleft())
 
     def _start_forkserver(self) -> None:
         self._stop_forkserver()  # a dead or wedged one, and its control socket
@@ -214,7 +246,7 @@ class Pool:
                 forkserver_end.close()
             for fd in dir_fds.values():
                 os.close(fd)
-        ready = all(self._ready(host_end) for host_end, _ in ends.values())
+        ready = all(said_ready(host_end) for host_end, _ in ends.values())
         if not ready:
             for host_end, _ in ends.values():
                 host_end.close()
@@ -231,15 +263,6 @@ class Pool:
         self.forkserver.stderr.close()
         with self._control_lock:
             self._controls = {server: Control(host_end) for server, (host_end, _) in ends.items()}
-
-    @staticmethod
-    def _ready(host_end: socket.socket) -> bool:
-        """Whether a fork server (or the trial zygote) said it is ready within START_TIMEOUT."""
-        host_end.settimeout(START_TIMEOUT)
-        try:
-            return bool(host_end.recv(65536))
-        except TimeoutError:
-            return False
 
     def _open_cgroup_dirs(self) -> dict[str, int]:
         """Directory fds of this client's cgroups for the fork server; {} where none can be had,
@@ -271,8 +294,13 @@ class Pool:
             raise ControlError(f"the sandbox fork server ({server}) is not running")
         return control.call(request, fds)
 
-    def _spawn(self, server: str = "main") -> Box:
-        host_end, sandbox_end = socket.socketpair()
+    def _spawn(self, server: str) -> Box:
+        """A sandbox of that fork server, once its supervisor says it is ready."""
+        return self._ready(self._fork_sandbox(server))
+
+    def _fork_sandbox(self, server: str) -> Starting:
+        """Have a fork server fork a sandbox; its supervisor then isolates itself, on its own."""
+        host_end, sandbox_end = channel_pair()
         with self._cond:  # the refill thread and trials' spawns take uids at once
             uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
             self._slots += 1
@@ -280,16 +308,26 @@ class Pool:
         try:
             with sandbox_end:
                 reply = self._control_call(request, [sandbox_end.fileno()], server)
-            if "error" not in reply:
-                frame = recv_frame(host_end, 4096, time.monotonic() + CONTROL_TIMEOUT)
-                reply |= json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
             if "error" in reply:
                 raise SandboxUnavailableError(f"{reply['error']}; {NO_FALLBACK}")
         except BaseException:
             host_end.close()
             raise
-        host_end.setblocking(False)
-        return Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=reply["pid"], uid=uid, sock=host_end, server=server)
+        return Starting(host_end, reply["pid"], uid, server)
+
+    def _ready(self, starting: Starting) -> Box:
+        """The sandbox, once its supervisor says it is ready; SandboxUnavailableError if it could not isolate."""
+        try:
+            frame = recv_frame(starting.sock, 4096, time.monotonic() + CONTROL_TIMEOUT)
+            reply = json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
+            if "error" in reply:
+                raise SandboxUnavailableError(f"{reply['error']}; {NO_FALLBACK}")
+        except BaseException:
+            starting.sock.close()
+            raise
+        starting.sock.setblocking(False)
+        return Box(id=f"local-{uuid.uuid4().hex[:16]}", pid=starting.pid, uid=starting.uid, sock=starting.sock,
+                   server=starting.server)
 
 
 class Control:
@@ -316,3 +354,29 @@ class Control:
                         return reply
             except (OSError, ValueError) as e:  # TimeoutError is an OSError
                 raise ControlError(f"the sandbox fork server failed: {one_line(e)}") from None
+
+
+def said_ready(host_end: socket.socket) -> bool:
+    """Whether a fork server (or the trial zygote) said it is ready within START_TIMEOUT."""
+    host_end.settimeout(START_TIMEOUT)
+    try:
+        return bool(host_end.recv(65536))
+    except TimeoutError:
+        return False
+
+
+def close_all(starting: collections.deque[Starting]) -> None:
+    while starting:
+        starting.popleft().sock.close()
+
+
+def channel_pair() -> tuple[socket.socket, socket.socket]:
+    """A sandbox's channel; a host out of file descriptors says so in one line."""
+    try:
+        return socket.socketpair()
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        raise SandboxUnavailableError(f"the host process is out of file descriptors (its limit is {limit}): keep "
+                                      "fewer rollouts in flight, or raise the limit (`ulimit -Hn`)") from None
