@@ -7,12 +7,15 @@ row also carries its 0-based `position` in the dataset and the server's own port
 Speaks plain JSON (verifiers classic, `openai` client) and SSE streaming with native
 `tool_calls` deltas (verifiers 0.4).
 
-    python -m tests.support.policy_server --port 0 [--dataset train.jsonl]
-prints `http://127.0.0.1:PORT/v1` once listening and serves until SIGTERM/SIGINT.
+    python -m tests.support.policy_server --port 0 [--dataset train.jsonl] [--delay LOW HIGH --seed S]
+prints `http://127.0.0.1:PORT/v1` once listening and serves until SIGTERM/SIGINT. With --delay,
+each reply takes LOW to HIGH seconds, as a loaded model server's would: a time drawn from the seed,
+the conversation's first user message and its length (bench/bench_scale.py).
 """
 
 import argparse
 import json
+import random
 import signal
 import threading
 import time
@@ -272,12 +275,21 @@ def _chunks(head: dict, reply: dict, usage: dict | None) -> list:
 
 class PolicyServer(ThreadingHTTPServer):
     daemon_threads = True
-    request_queue_size = 64  # vf-eval -c 16 opens many connections at once
+    request_queue_size = 2048  # a trainer's batch opens a thousand connections at once
 
-    def __init__(self, port: int, rows: dict):
+    def __init__(self, port: int, rows: dict, delay: tuple[float, float] = (0.0, 0.0), seed: int = 0):
         super().__init__(("127.0.0.1", port), Handler)
         port = self.server_address[1]
         self.rows = {q: {**row, "position": i, "server_port": port} for i, (q, row) in enumerate(rows.items())}
+        self.delay, self.seed = delay, seed
+
+    def reply_time(self, messages: list) -> float:
+        """Seconds this reply takes: drawn from the seed and the conversation, so a rerun sees the same."""
+        low, high = self.delay
+        if not high:
+            return 0.0
+        first_user = next((_text(m.get("content")) for m in messages if m["role"] == "user"), "")
+        return random.Random(f"{self.seed}#{first_user}#{len(messages)}").uniform(low, high)
 
     @property
     def url(self) -> str:
@@ -318,6 +330,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_error(404, f"no route POST {self.path}", "not_found")
         try:
             body = _parse_request(self._read_body())
+            time.sleep(self.server.reply_time(body["messages"]))
             reply = self._play(body)
         except RequestError as e:
             self.close_connection = e.status in (411, 413)
@@ -364,9 +377,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def serve_in_thread(dataset_path=BUNDLED_ROWS, port: int = 0):
+def serve_in_thread(dataset_path=BUNDLED_ROWS, port: int = 0, delay: tuple[float, float] = (0.0, 0.0), seed: int = 0):
     """Start a server in a daemon thread; return (url, stop)."""
-    server = PolicyServer(port, rows_by_question(dataset_path))
+    server = PolicyServer(port, rows_by_question(dataset_path), delay, seed)
     thread = threading.Thread(target=server.serve_forever, name="policy-server", daemon=True)
     thread.start()
 
@@ -386,11 +399,14 @@ def main(argv=None):
     parser.add_argument(
         "--dataset", default=str(BUNDLED_ROWS), help="dataset JSONL (default: %(default)s)"
     )
+    parser.add_argument("--delay", type=float, nargs=2, default=(0.0, 0.0), metavar=("LOW", "HIGH"),
+                        help="seconds each reply takes, drawn between LOW and HIGH")
+    parser.add_argument("--seed", type=int, default=0, help="the draw of --delay")
     args = parser.parse_args(argv)
     # Block the signals before any thread starts, so that sigwait below is what receives them.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        url, stop = serve_in_thread(args.dataset, args.port)
+        url, stop = serve_in_thread(args.dataset, args.port, tuple(args.delay), args.seed)
     except (OSError, ValueError) as e:
         parser.exit(2, f"policy_server: {e}\n")
     print(url, flush=True)
