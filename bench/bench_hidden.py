@@ -9,8 +9,10 @@ in a fresh sandbox of the trial zygote, deleted after). CPU is counted where it 
 process (searching the answer, encoding the cases, parsing the reply, grading), the rollout's
 sandbox (its supervisor and every caller it forked and reaped), and the fork server and trial zygote
 (forking sandboxes, and those they reaped: a trial's sandbox once deleted). Each is
-utime + stime + cutime + cstime. The drawing of each task's cases (gated, once per task here) is
-printed apart.
+utime + stime + cutime + cstime. Apart: the draw of a rollout's cases (gated: the reference, its
+float64 recompute and every listed implementation run on the host), which every rollout pays
+(issue 35), as the CPU time of the drawing thread, median over `rounds` fresh nonces after a first
+draw (which imports what the family's implementations use, once per process).
 Target (issues 23, 26, 35): at most 100 ms of machine CPU per rollout at the default N, allowlist on or off.
 """
 
@@ -22,7 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ptenv.env.rollout import assess_rollout
+from ptenv.env.rollout import Draw, assess_rollout
 from ptenv.host import transports
 from ptenv.inside.protocol import Limits
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, LEVELS, HiddenCases
@@ -51,10 +53,21 @@ def fork_servers(bwrap_pid: int) -> list[int]:
     return [pid for pid in tree([bwrap_pid]) if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
-async def trial_cpu(transport, box, row, source: str, cases: HiddenCases, servers: list[int]) -> tuple[float, float, float]:
+def draw_here(cases: HiddenCases, family, row, nonce: str) -> tuple[Draw, float]:
+    """A rollout's draw of its cases, made in this thread rather than the drawing thread, so that
+    its CPU is counted apart from the trial's; and that CPU in seconds."""
+    start = time.thread_time()
+    drawn = cases.of(family, row.seed, nonce)
+    seconds = time.thread_time() - start
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(drawn)
+    return Draw(nonce, cases.secret_id, future), seconds
+
+
+async def trial_cpu(transport, box, row, source: str, draw: Draw, servers: list[int]) -> tuple[float, float, float]:
     """(host s, sandboxes s, wall s) of one trial of `source`, as a rollout that ends runs it."""
     h0, s0, w0 = own_cpu(), cpu(box.supervisor[0]) + sum(map(cpu, servers)), time.perf_counter()
-    outcome = await assess_rollout(row, transport, box.id, final_message=f"```python\n{source}```", cases=cases,
+    outcome = await assess_rollout(row, transport, box.id, final_message=f"```python\n{source}```", draw=draw,
                                    partial_credit=False)
     host, wall = own_cpu() - h0, time.perf_counter() - w0
     await asyncio.sleep(REAPED)
@@ -70,28 +83,31 @@ async def main(rounds: int) -> None:
         for family in [f for members in FUNCTION_TIERS.values() for f in members]:
             for label, level, source in (("", 1, family.reference), ("2", LEVELS[-1], family.by_hand)):
                 row = parse_row(family.instance("bench", 0, level).row(), family.id)
-                start = time.perf_counter()
-                cases.of(family, row.seed)
-                draw_ms = (time.perf_counter() - start) * 1e3
-                runs = []
-                for _ in range(rounds):
+                cases.of(family, row.seed)  # imports what the family's implementations use, once per process
+                draws, runs = [], []
+                for k in range(rounds):
+                    draw, seconds = draw_here(cases, family, row, f"rollout {k}")
+                    draws.append(seconds)
                     box = await new_box(transport.client)
                     await asyncio.sleep(REAPED)  # the pool's refill, which is not the trial's
                     servers = fork_servers(transport.client.pool.forkserver.pid)
-                    runs.append(await trial_cpu(transport, box, row, source, cases, servers))
+                    runs.append(await trial_cpu(transport, box, row, source, draw, servers))
                     await transport.client.delete(box.id)
                     await asyncio.sleep(REAPED)  # reaped now, not in the next trial's count
                 host, sandbox, wall = (statistics.median(r[i] for r in runs) * 1e3 for i in range(3))
-                rows.append((family.id, label, draw_ms, host, sandbox, wall))
+                rows.append((family.id, label, statistics.median(draws) * 1e3, host, sandbox, wall))
     finally:
         transport.client.teardown()
     print(f"{'family':45s} {'':3s} {'draw ms':>8s} {'host ms':>8s} {'sandbox ms':>10s} {'total ms':>9s} {'wall ms':>8s}")
     for family_id, label, draw, host, sandbox, wall in rows:
-        print(f"{family_id:45s} {label:3s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {host + sandbox:9.1f} {wall:8.1f}")
+        print(f"{family_id:45s} {label:3s} {draw:8.1f} {host:8.1f} {sandbox:10.1f} {draw + host + sandbox:9.1f} {wall:8.1f}")
+    draws = [draw for _, label, draw, _, _, _ in rows if not label]
+    print(f"a rollout's draw (host CPU): median {statistics.median(draws):.1f} ms, max {max(draws):.1f} ms over "
+          f"{len(draws)} families")
     for label, name in (("", "level 1"), ("2", "level 2, allowlist on")):
-        totals = [host + sandbox for _, lab, _, host, sandbox, _ in rows if lab == label]
+        totals = [draw + host + sandbox for _, lab, draw, host, sandbox, _ in rows if lab == label]
         print(f"machine CPU per rollout (N={DEFAULT_HIDDEN_CASES}), {name}: median {statistics.median(totals):.1f} "
-              f"ms, max {max(totals):.1f} ms over {len(totals)} families; target <= 100 ms")
+              f"ms, max {max(totals):.1f} ms over {len(totals)} families, the draw included; target <= 100 ms")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from tests.support.policy_server import serve_in_thread
 from tests.support.sandbox import CELL_TIMEOUT, MEMORY_MB, new_box, wait_until
 
 if hasattr(verifiers, "SandboxEnv"):  # the classic API (0.3.1): these modules need verifiers 0.4's
-    collect_ignore = ["test_v1_env.py", "test_report_v1.py"]
+    collect_ignore = ["test_v1_env.py", "test_report_v1.py", "test_v1_scale.py"]
 
 
 @pytest.fixture(scope="module")

@@ -149,3 +149,45 @@ def test_env_server_workers_draw_from_one_secret(function_server, tmp_path):
     assert [(r["reward"], r["scoring_error"]) for r in rows] == [(1.0, None)] * 24
     assert len({r["info"]["hidden_secret_id"] for r in rows}) == 1
     assert len({r["info"]["hidden_nonce"] for r in rows}) == 24  # each rollout drew its own
+
+
+OUT_OF_FDS = """
+import asyncio, resource
+from prime_sandboxes import CreateSandboxRequest
+from ptenv.host.local import LocalSandboxClient
+from ptenv.inside.protocol import Limits
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (60, 60))  # a sandbox's own limit must fit under it: Limits below
+
+
+async def main():
+    client, request, made = LocalSandboxClient(Limits(open_files=32)), CreateSandboxRequest(name="fds", docker_image="local"), []
+    try:
+        while True:
+            try:
+                made.append((await client.create(request)).id)
+            except Exception as e:
+                print(f"failed: {type(e).__name__}: {e}")
+                break
+        for sandbox_id in made[:6]:
+            await client.delete(sandbox_id)
+        again = await client.create(request)
+        print("again:", (await client.execute_command(again.id, "echo ok")).stdout.strip())
+        print("still:", (await client.execute_command(made[-1], "echo ok")).stdout.strip())
+    finally:
+        client.teardown()
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_host_out_of_fds_fails_a_create_in_one_line_and_the_rest_go_on():
+    done = subprocess.run([sys.executable, "-c", OUT_OF_FDS], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 3, done.stdout + done.stderr[-2000:]
+    assert lines[0].startswith("failed: SandboxUnavailableError: the host process is out of file descriptors (its "
+                               "limit is 60)"), lines
+    assert lines[1:] == ["again: ok", "still: ok"]

@@ -83,9 +83,9 @@ class Pool:
         self.forkserver: subprocess.Popen | None = None
         self._idle: collections.deque[Box] = collections.deque()  # guarded by _cond
         self._cond = threading.Condition()
-        self._waiting = 0
-        self._failure: Exception | None = None  # the refill's latest failure, for those waiting
-        self._failures = 0
+        # Creates waiting for the refill, as futures of their event loops: a burst of a thousand
+        # waits without a thread each. Guarded by _cond.
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._controls: dict[str, Control] = {}  # by fork server: "main", "trial"
@@ -95,16 +95,30 @@ class Pool:
         self._slots = 0
 
     async def take(self) -> Box:
-        """An idle sandbox, or the next one the refill makes."""
+        """An idle sandbox, or the next one the refill makes; a failure of the refill while this
+        waits fails it (and the others waiting then), not the creates after it."""
         if self._closed:
             raise SandboxUnavailableError("this sandbox client was torn down")
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._refill, name="ptenv-sandbox-pool", daemon=True)
                 self._thread.start()
                 atexit.register(self.close)
             box = self._pop_live()
-        return box if box is not None else await asyncio.to_thread(self._wait_for_box)
+            if box is not None:
+                return box
+            self._waiters.append((loop, waiter))
+            self._cond.notify_all()
+        try:
+            return await asyncio.wait_for(waiter, START_TIMEOUT + CONTROL_TIMEOUT)
+        except TimeoutError:
+            raise SandboxUnavailableError(f"no sandbox became ready within {START_TIMEOUT + CONTROL_TIMEOUT:g} s") from None
+        finally:
+            with self._cond:
+                if (loop, waiter) in self._waiters:
+                    self._waiters.remove((loop, waiter))
 
     async def take_trial(self) -> Box:
         """A fresh sandbox from the trial zygote, with no session: a level-2 trial runs there."""
@@ -125,6 +139,7 @@ class Pool:
         """Kill the fork server and with it every sandbox, and remove this client's cgroups."""
         with self._cond:
             self._closed = True
+            self._fail_waiters(SandboxUnavailableError("this sandbox client was torn down"))
             self._cond.notify_all()
         self._stop_forkserver()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -147,29 +162,6 @@ class Pool:
                 return box
             box.sock.close()
         return None
-
-    def _wait_for_box(self) -> Box:
-        """Wait for the refill; a failure of it while we wait fails this create only."""
-        deadline = time.monotonic() + START_TIMEOUT + CONTROL_TIMEOUT
-        with self._cond:
-            self._waiting += 1
-            self._cond.notify_all()
-            seen = self._failures
-            try:
-                while True:
-                    box = self._pop_live()
-                    if box is not None:
-                        return box
-                    if self._failures != seen:
-                        raise self._failure
-                    if self._closed:
-                        raise SandboxUnavailableError("this sandbox client was torn down")
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise SandboxUnavailableError(f"no sandbox became ready within {START_TIMEOUT + CONTROL_TIMEOUT:g} s")
-                    self._cond.wait(left)
-            finally:
-                self._waiting -= 1
 
     def _refill(self) -> None:
         """Background thread: keeps `size` idle sandboxes ready, plus one per waiting create.
@@ -197,20 +189,49 @@ class Pool:
                         replaced = True
                         continue
                 with self._cond:
-                    self._failure = e if isinstance(e, SandboxUnavailableError) else SandboxUnavailableError(one_line(e))
-                    self._failures += 1
-                    self._cond.notify_all()
+                    self._fail_waiters(e if isinstance(e, SandboxUnavailableError) else SandboxUnavailableError(one_line(e)))
                     self._cond.wait(backoff)  # teardown wakes us
                 backoff = min(backoff * 2, BACKOFF[1])
                 continue
             backoff, replaced = BACKOFF[0], False
             with self._cond:
                 self._idle.append(box)
+                self._hand_out()
                 self._cond.notify_all()
+
+    def _hand_out(self) -> None:
+        """Give idle sandboxes to the creates waiting, each in its own event loop; holds _cond."""
+        while self._waiters and self._idle:
+            loop, waiter = self._waiters.popleft()
+            box = self._pop_live()
+            if box is None:
+                self._waiters.appendleft((loop, waiter))
+                return
+            try:
+                loop.call_soon_threadsafe(self._give, waiter, box)
+            except RuntimeError:  # its loop is closed
+                self._idle.appendleft(box)
+
+    def _give(self, waiter: asyncio.Future, box: Box) -> None:
+        """In the waiter's event loop: hand it the sandbox, or back to the pool if it stopped waiting."""
+        if not waiter.done():
+            waiter.set_result(box)
+            return
+        with self._cond:
+            self._idle.appendleft(box)
+            self._hand_out()
+            self._cond.notify_all()
+
+    def _fail_waiters(self, error: Exception) -> None:
+        """Fail every create waiting now; holds _cond."""
+        while self._waiters:
+            loop, waiter = self._waiters.popleft()
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                loop.call_soon_threadsafe(fail_unless_done, waiter, error)
 
     def _wanted(self) -> int:
         """Sandboxes to make beyond the idle ones: `size`, and one per waiting create; holds _cond."""
-        return self.size + self._waiting - len(self._idle)
+        return self.size + len(self._waiters) - len(self._idle)
 
     def _next_box(self, starting: collections.deque[Starting]) -> Box:
         """The next sandbox ready: first fork as many as are wanted, up to SPAWN_AHEAD at once, so
@@ -319,6 +340,8 @@ class Pool:
         """The sandbox, once its supervisor says it is ready; SandboxUnavailableError if it could not isolate."""
         try:
             frame = recv_frame(starting.sock, 4096, time.monotonic() + CONTROL_TIMEOUT)
+            if frame is None and self.forkserver.poll() is not None:
+                raise ControlError("the sandbox fork server exited")  # and its sandboxes with it: it is replaced
             reply = json.loads(frame) if frame else {"error": "its supervisor exited while starting"}
             if "error" in reply:
                 raise SandboxUnavailableError(f"{reply['error']}; {NO_FALLBACK}")
@@ -363,6 +386,11 @@ def said_ready(host_end: socket.socket) -> bool:
         return bool(host_end.recv(65536))
     except TimeoutError:
         return False
+
+
+def fail_unless_done(waiter: asyncio.Future, error: Exception) -> None:
+    if not waiter.done():
+        waiter.set_exception(error)
 
 
 def close_all(starting: collections.deque[Starting]) -> None:
