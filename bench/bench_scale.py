@@ -209,8 +209,9 @@ async def run_classic(envs: dict, url: str, kind: str, policy: str, concurrency:
     inputs = [{**rows[i % len(rows)], "example_id": i} for i in range(n)]
     client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="BENCH_API_KEY", api_base_url=url)
     out = await env.generate(inputs, client=client, model=policy, max_concurrent=concurrency, independent_scoring=True,
-                             state_columns=["scoring_error"], on_progress=lambda *a: None)
-    return [{"reward": o["reward"], "scoring_error": o["scoring_error"]} for o in out["outputs"]]
+                             state_columns=["scoring_error", "verdict"], on_progress=lambda *a: None)
+    return [{"reward": o["reward"], "scoring_error": o["scoring_error"], "reason": (o.get("verdict") or {}).get("reason")}
+            for o in out["outputs"]]
 
 
 async def run_v1(envs: dict, url: str, kind: str, policy: str, concurrency: int, n: int) -> list[dict]:
@@ -224,8 +225,8 @@ async def run_v1(envs: dict, url: str, kind: str, policy: str, concurrency: int,
                         max_concurrent=concurrency, rich=None, push=False, output_dir=envs["out"],
                         run={"dir": f"{kind}-{policy}-{time.monotonic_ns()}"})
     episodes = await run_eval(config)
-    return [{"reward": t.reward if t.ok else None, "scoring_error": t.info.get("scoring_error")}
-            for e in episodes for t in e.traces]
+    return [{"reward": t.reward if t.ok else None, "scoring_error": t.info.get("scoring_error"),
+             "reason": (t.info.get("verdict") or {}).get("reason")} for e in episodes for t in e.traces]
 
 
 def load_envs(out_dir: str) -> dict:
@@ -263,6 +264,8 @@ async def level(envs: dict, url: str, concurrency: int, rounds: int, hostile: fl
         "scoring_errors": sum(r["scoring_error"] is not None for _, r in rows),
         "wrong": sum(r["scoring_error"] is None and r["reward"] is not None and r["reward"] != expected_reward(p)
                      for p, r in rows),
+        "why": sorted({f"{p}: {r['scoring_error'] or r['reason']}" for p, r in rows if r["scoring_error"] or (
+            r["reward"] is not None and r["reward"] != expected_reward(p))})[:3],
     }
 
 
@@ -287,6 +290,8 @@ def print_level(r: dict) -> None:
           f"{r['fds']}   loop lag p50/p99 {r['lag'][0]:5.1f}/{r['lag'][1]:6.1f} ms   create p50/p99 "
           f"{r['create'][0]:6.1f}/{r['create'][1]:7.1f} ms", flush=True)
     print(f"        lost {r['lost']}   scoring_error {r['scoring_errors']}   wrong reward {r['wrong']}", flush=True)
+    for why in r["why"]:
+        print(f"        e.g. {why}", flush=True)
 
 
 def room_for(concurrency: int, done: list[dict]) -> str | None:
@@ -354,6 +359,8 @@ async def soak_run(envs: dict, url: str, concurrency: int, hostile: float, secon
         rss.append(rss_mib())
         for key in totals:
             totals[key] += result[key]
+        for why in result["why"]:
+            print(f"        e.g. {why}", flush=True)
         print(f"{time.monotonic() - start:7.0f} s: {totals['rollouts']} rollouts, {result['rate']:.2f}/s, lost "
               f"{totals['lost']}, scoring_error {totals['scoring_errors']}, wrong {totals['wrong']}, RSS {rss[-1]:.0f} "
               f"MiB, loop lag p99 {result['lag'][1]:.1f} ms", flush=True)
