@@ -30,6 +30,7 @@ from ptenv.inside.protocol import Limits, one_line, recv_frame
 
 START_TIMEOUT = 60.0  # fork server start (imports torch)
 CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
+STALLED = START_TIMEOUT + CONTROL_TIMEOUT  # a create fails when no sandbox became ready for this long
 UID_SLOTS = 1 << 16  # each client takes a random block of uids; two per sandbox, never reused early
 BACKOFF = (0.1, 5.0)  # seconds between refill attempts after a failure: first, and at most
 # Sandboxes forked whose supervisors are still isolating: a burst's sandboxes start side by side
@@ -87,6 +88,7 @@ class Pool:
         # waits without a thread each. Guarded by _cond.
         self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
         self._closed = False
+        self._made = time.monotonic()  # when the refill last made a sandbox ready
         self._thread: threading.Thread | None = None
         self._controls: dict[str, Control] = {}  # by fork server: "main", "trial"
         self._control_lock = threading.Lock()  # guards _controls
@@ -112,13 +114,26 @@ class Pool:
             self._waiters.append((loop, waiter))
             self._cond.notify_all()
         try:
-            return await asyncio.wait_for(waiter, START_TIMEOUT + CONTROL_TIMEOUT)
-        except TimeoutError:
-            raise SandboxUnavailableError(f"no sandbox became ready within {START_TIMEOUT + CONTROL_TIMEOUT:g} s") from None
-        finally:
+            return await self._wait(waiter)
+        except BaseException:  # failed, or cancelled: a sandbox handed over meanwhile goes back
             with self._cond:
                 if (loop, waiter) in self._waiters:
                     self._waiters.remove((loop, waiter))
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._give_back(waiter.result())
+            waiter.cancel()
+            raise
+
+    async def _wait(self, waiter: asyncio.Future) -> Box:
+        """The waiter's sandbox. A burst of a thousand waits as long as the refill makes sandboxes;
+        it fails once none became ready for STALLED seconds (a wedged fork server is replaced sooner)."""
+        since = time.monotonic()
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter), STALLED)
+            except TimeoutError:
+                if time.monotonic() - max(self._made, since) >= STALLED:
+                    raise SandboxUnavailableError(f"no sandbox became ready within {STALLED:g} s") from None
 
     async def take_trial(self) -> Box:
         """A fresh sandbox from the trial zygote, with no session: a level-2 trial runs there."""
@@ -195,6 +210,7 @@ class Pool:
                 continue
             backoff, replaced = BACKOFF[0], False
             with self._cond:
+                self._made = time.monotonic()
                 self._idle.append(box)
                 self._hand_out()
                 self._cond.notify_all()
@@ -216,7 +232,10 @@ class Pool:
         """In the waiter's event loop: hand it the sandbox, or back to the pool if it stopped waiting."""
         if not waiter.done():
             waiter.set_result(box)
-            return
+        else:
+            self._give_back(box)
+
+    def _give_back(self, box: Box) -> None:
         with self._cond:
             self._idle.appendleft(box)
             self._hand_out()
