@@ -254,14 +254,19 @@ class Pool:
 
     def _next_box(self, starting: collections.deque[Starting]) -> Box:
         """The next sandbox ready: first fork as many as are wanted, up to SPAWN_AHEAD at once, so
-        that their supervisors start side by side; then wait for the oldest one's first word."""
+        that their supervisors start side by side; then wait for the oldest one's first word. One
+        too slow to say it (a machine overloaded) is killed and the next one awaited: the creates
+        waiting fail only when none becomes ready for STALLED seconds (take)."""
         while True:
             with self._cond:
-                more = min(self._wanted(), SPAWN_AHEAD) - len(starting)
-            if more <= 0:
-                break
-            starting.append(self._fork_sandbox("main"))
-        return self._ready(starting.popleft())
+                more = max(min(self._wanted(), SPAWN_AHEAD) - len(starting), 0 if starting else 1)
+            for _ in range(more):
+                starting.append(self._fork_sandbox("main"))
+            oldest = starting.popleft()
+            try:
+                return self._ready(oldest)
+            except TimeoutError:
+                self._control_call({"op": "kill", "sandboxes": [[oldest.pid, oldest.uid]]}, server=oldest.server)
 
     def _start_forkserver(self) -> None:
         self._stop_forkserver()  # a dead or wedged one, and its control socket
@@ -356,7 +361,8 @@ class Pool:
         return Starting(host_end, reply["pid"], uid, server)
 
     def _ready(self, starting: Starting) -> Box:
-        """The sandbox, once its supervisor says it is ready; SandboxUnavailableError if it could not isolate."""
+        """The sandbox, once its supervisor says it is ready; SandboxUnavailableError if it could not
+        isolate, TimeoutError if it did not say within CONTROL_TIMEOUT."""
         try:
             frame = recv_frame(starting.sock, 4096, time.monotonic() + CONTROL_TIMEOUT)
             if frame is None and self.forkserver.poll() is not None:
