@@ -20,7 +20,7 @@ SMALLEST = {  # script, its smallest arguments, a line its output must have
     "bench_grader.py": ([], "p50"),
     "bench_hidden.py": (["--rounds", "1"], "machine CPU per rollout"),
     "bench_replies.py": ([], "JSON bomb"),
-    "clean_exit.py": (["--repeat", "1"], "SIGKILL"),
+    "clean_exit.py": (["--repeat", "1"], "sigkill-starting"),
 }
 
 
