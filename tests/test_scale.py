@@ -115,6 +115,8 @@ async def test_hidden_cases_are_drawn_off_the_event_loop_while_it_runs(monkeypat
     assert len({draw.nonce for draw in draws}) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.rootless
 async def test_the_evaluation_secret_never_reaches_a_sandbox():
     secret = rollout.evaluation_secret()
     client = LocalSandboxClient()  # its fork server starts now, after the secret was made
