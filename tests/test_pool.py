@@ -1,20 +1,30 @@
 """The pool heals: a fork server killed mid-run, or a sandbox that stalls its own death, costs only
-the rollouts in flight; every later rollout gets a working sandbox."""
+the rollouts in flight; every later rollout gets a working sandbox. A burst of trials' sandboxes is
+made as a burst of creates is."""
 
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 import verifiers as vf
 
 import pytorch_env
+from ptenv.host import transports
+from ptenv.host.assess import assess_function
+from ptenv.host.pool import SPAWN_AHEAD
+from ptenv.inside.protocol import Limits
+from ptenv.tasks import tiers
+from ptenv.tasks.fn_intermediate import SEGMENT_MEAN
+from ptenv.tasks.functions import HiddenCases
 from tests.support import proctree
 from tests.support.sandbox import new_box, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.rootless]
 
 CONCURRENCY = 8
+TRIALS = SPAWN_AHEAD + 8  # more than the refill forks at once, and than asyncio's default executor has threads
 # Threads outlive their cell.
 BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\n"
 
@@ -102,3 +112,33 @@ async def test_a_fork_server_that_stops_answering_is_replaced(client):
     # goes with the fork server; rootless, its supervisor lives on until its channel closes.)
     await client.delete(boxes[0].id)
     assert wait_until(lambda: not boxes[0].processes(), 30)
+
+
+@pytest.mark.timeout(300)
+async def test_a_burst_of_trials_waits_without_a_thread_each_and_each_gets_the_trial_zygotes_sandbox():
+    """Level-2 trials' sandboxes come from the refill as creates' do (issue 36 on issue 34's trial
+    zygote): a burst of them waits as futures of the event loop, and each gets a fresh sandbox that
+    runs its trial under the allowlist."""
+    transport = transports.local(Limits(), tiers.allowlist_base())
+    client = transport.client
+    try:
+        await new_box(client)  # both fork servers run; the refill thread is among this process's threads
+        threads = threading.active_count()
+        burst = asyncio.gather(*(client.create_trial() for _ in range(TRIALS)))
+        most = threads
+        while not burst.done():
+            most = max(most, threading.active_count())
+            await asyncio.sleep(0.01)
+        trial_ids = await burst
+        assert (most, len(set(trial_ids))) == (threads, TRIALS)
+        replies = await asyncio.gather(*(client.execute_command(i, "echo ok", timeout=60) for i in trial_ids))
+        assert [r.stdout for r in replies] == ["ok\n"] * TRIALS
+        outcome = await assess_function(client.call, trial_ids[0], source=SEGMENT_MEAN.by_hand, name=SEGMENT_MEAN.name,
+                                        inputs=SEGMENT_MEAN.instance("t", 3, 2).inputs(),
+                                        cases=HiddenCases("pool-trials", 4).of(SEGMENT_MEAN, 3),
+                                        allowlist=SEGMENT_MEAN.allowlist(2), limits=client.limits, partial_credit=False)
+        assert (outcome.verdict.score, outcome.scoring_error) == (1.0, None), outcome.verdict.reason
+        for trial_id in trial_ids:
+            await client.delete(trial_id)
+    finally:
+        client.teardown()

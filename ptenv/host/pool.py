@@ -76,17 +76,21 @@ class Starting:
 class Pool:
     def __init__(self, limits: Limits, size: int, allowlist_base: list[str] | None):
         self.limits = limits
-        self.size = size  # idle sandboxes kept ready
         # The widest allowlist of any trial: the trial zygote installs it once (inside/main.py), so a
         # trial's sandbox made there only adds its family's removals. None: no trial zygote.
         self.allowlist_base = allowlist_base
         self.cgroup_mode = "not started"  # what the kernel enforces per sandbox, once the fork server runs
         self.forkserver: subprocess.Popen | None = None
-        self._idle: collections.deque[Box] = collections.deque()  # guarded by _cond
+        # Idle sandboxes kept ready, by fork server: none of the trial zygote's (a trial's sandbox is
+        # made when a trial asks for it), `size` of the main one's. Trials' first: a rollout waits
+        # for its score there.
+        self._keep = ({"trial": 0} if allowlist_base is not None else {}) | {"main": size}
+        self._idle = {server: collections.deque() for server in self._keep}  # guarded by _cond
         self._cond = threading.Condition()
-        # Creates waiting for the refill, as futures of their event loops: a burst of a thousand
-        # waits without a thread each. Guarded by _cond.
-        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+        # Creates and trials waiting for the refill, as futures of their event loops: a burst of a
+        # thousand waits without a thread each. By fork server; guarded by _cond.
+        self._waiters: dict[str, collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {
+            server: collections.deque() for server in self._keep}
         self._closed = False
         self._made = time.monotonic()  # when the refill last made a sandbox ready
         self._thread: threading.Thread | None = None
@@ -99,6 +103,16 @@ class Pool:
     async def take(self) -> Box:
         """An idle sandbox, or the next one the refill makes; a failure of the refill while this
         waits fails it (and the others waiting then), not the creates after it."""
+        return await self._take("main")
+
+    async def take_trial(self) -> Box:
+        """A fresh sandbox of the trial zygote, with no session, for a level-2 trial: made by the
+        refill as a create's is (side by side in a burst, waited for as a future)."""
+        if "trial" not in self._keep:
+            raise SandboxUnavailableError("this sandbox client has no trial zygote (no allowlist base)")
+        return await self._take("trial")
+
+    async def _take(self, server: str) -> Box:
         if self._closed:
             raise SandboxUnavailableError("this sandbox client was torn down")
         loop = asyncio.get_running_loop()
@@ -108,17 +122,17 @@ class Pool:
                 self._thread = threading.Thread(target=self._refill, name="ptenv-sandbox-pool", daemon=True)
                 self._thread.start()
                 atexit.register(self.close)
-            box = self._pop_live()
+            box = self._pop_live(server)
             if box is not None:
                 return box
-            self._waiters.append((loop, waiter))
+            self._waiters[server].append((loop, waiter))
             self._cond.notify_all()
         try:
             return await self._wait(waiter)
         except BaseException:  # failed, or cancelled: a sandbox handed over meanwhile goes back
             with self._cond:
-                if (loop, waiter) in self._waiters:
-                    self._waiters.remove((loop, waiter))
+                if (loop, waiter) in self._waiters[server]:
+                    self._waiters[server].remove((loop, waiter))
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self._give_back(waiter.result())
             waiter.cancel()
@@ -134,12 +148,6 @@ class Pool:
             except TimeoutError:
                 if time.monotonic() - max(self._made, since) >= STALLED:
                     raise SandboxUnavailableError(f"no sandbox became ready within {STALLED:g} s") from None
-
-    async def take_trial(self) -> Box:
-        """A fresh sandbox from the trial zygote, with no session: a level-2 trial runs there."""
-        if self._closed:
-            raise SandboxUnavailableError("this sandbox client was torn down")
-        return await asyncio.to_thread(self._spawn, "trial")
 
     def kill(self, boxes: list[Box]) -> None:
         """Have each box's fork server SIGKILL its supervisor (and so its pid namespace); it reaps them later."""
@@ -160,18 +168,21 @@ class Pool:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         with self._cond:  # idle sandboxes: their supervisors died with the fork server
-            while self._idle:
-                self._idle.popleft().sock.close()
+            for idle in self._idle.values():
+                while idle:
+                    idle.popleft().sock.close()
         if self._cgroup_dirs:  # empty once the sandboxes' last processes have exited
             deadline = time.monotonic() + 5
             while any(map(os.path.exists, self._cgroup_dirs.values())) and time.monotonic() < deadline:
                 cgroups.remove_client_dirs(self._cgroup_dirs)
                 time.sleep(0.05)
 
-    def _pop_live(self) -> Box | None:
-        """An idle sandbox that is still alive (one whose fork server died is dropped); holds _cond."""
-        while self._idle:
-            box = self._idle.popleft()
+    def _pop_live(self, server: str) -> Box | None:
+        """An idle sandbox of that fork server that is still alive (one whose fork server died is
+        dropped); holds _cond."""
+        idle = self._idle[server]
+        while idle:
+            box = idle.popleft()
             self._cond.notify_all()
             if box.is_alive():
                 return box
@@ -179,7 +190,8 @@ class Pool:
         return None
 
     def _refill(self) -> None:
-        """Background thread: keeps `size` idle sandboxes ready, plus one per waiting create.
+        """Background thread: keeps `size` idle sandboxes ready, plus one per waiting create, and
+        one of the trial zygote per waiting trial.
 
         It also owns the fork server process, whose bwrap dies with the thread that started it,
         and replaces it when it dies or stops answering."""
@@ -187,7 +199,7 @@ class Pool:
         starting: collections.deque[Starting] = collections.deque()
         while True:
             with self._cond:
-                while not self._closed and not starting and self._wanted() <= 0:
+                while not self._closed and not starting and all(self._wanted(server) <= 0 for server in self._keep):
                     self._cond.wait()
                 if self._closed:
                     close_all(starting)
@@ -211,22 +223,24 @@ class Pool:
             backoff, replaced = BACKOFF[0], False
             with self._cond:
                 self._made = time.monotonic()
-                self._idle.append(box)
-                self._hand_out()
+                self._idle[box.server].append(box)
+                self._hand_out(box.server)
                 self._cond.notify_all()
 
-    def _hand_out(self) -> None:
-        """Give idle sandboxes to the creates waiting, each in its own event loop; holds _cond."""
-        while self._waiters and self._idle:
-            loop, waiter = self._waiters.popleft()
-            box = self._pop_live()
+    def _hand_out(self, server: str) -> None:
+        """Give that fork server's idle sandboxes to those waiting for one, each in its own event
+        loop; holds _cond."""
+        waiters = self._waiters[server]
+        while waiters and self._idle[server]:
+            loop, waiter = waiters.popleft()
+            box = self._pop_live(server)
             if box is None:
-                self._waiters.appendleft((loop, waiter))
+                waiters.appendleft((loop, waiter))
                 return
             try:
                 loop.call_soon_threadsafe(self._give, waiter, box)
             except RuntimeError:  # its loop is closed
-                self._idle.appendleft(box)
+                self._idle[server].appendleft(box)
 
     def _give(self, waiter: asyncio.Future, box: Box) -> None:
         """In the waiter's event loop: hand it the sandbox, or back to the pool if it stopped waiting."""
@@ -237,30 +251,35 @@ class Pool:
 
     def _give_back(self, box: Box) -> None:
         with self._cond:
-            self._idle.appendleft(box)
-            self._hand_out()
+            self._idle[box.server].appendleft(box)
+            self._hand_out(box.server)
             self._cond.notify_all()
 
     def _fail_waiters(self, error: Exception) -> None:
-        """Fail every create waiting now; holds _cond."""
-        while self._waiters:
-            loop, waiter = self._waiters.popleft()
-            with contextlib.suppress(RuntimeError):  # its loop is closed
-                loop.call_soon_threadsafe(fail_unless_done, waiter, error)
+        """Fail every create and trial waiting now; holds _cond."""
+        for waiters in self._waiters.values():
+            while waiters:
+                loop, waiter = waiters.popleft()
+                with contextlib.suppress(RuntimeError):  # its loop is closed
+                    loop.call_soon_threadsafe(fail_unless_done, waiter, error)
 
-    def _wanted(self) -> int:
-        """Sandboxes to make beyond the idle ones: `size`, and one per waiting create; holds _cond."""
-        return self.size + len(self._waiters) - len(self._idle)
+    def _wanted(self, server: str) -> int:
+        """That fork server's sandboxes to make beyond its idle ones: those it keeps, and one per
+        create or trial waiting; holds _cond."""
+        return self._keep[server] + len(self._waiters[server]) - len(self._idle[server])
 
     def _next_box(self, starting: collections.deque[Starting]) -> Box:
-        """The next sandbox ready: first fork as many as are wanted, up to SPAWN_AHEAD at once, so
-        that their supervisors start side by side; then wait for the oldest one's first word. One
-        too slow to say it (a machine overloaded) is killed and the next one awaited: the creates
-        waiting fail only when none becomes ready for STALLED seconds (take)."""
+        """The next sandbox ready: first fork as many as are wanted (trials' first), up to
+        SPAWN_AHEAD at once, so that their supervisors start side by side; then wait for the oldest
+        one's first word. One too slow to say it (a machine overloaded) is killed and the next one
+        awaited: those waiting fail only when none becomes ready for STALLED seconds (_wait)."""
         while True:
             with self._cond:
-                more = max(min(self._wanted(), SPAWN_AHEAD) - len(starting), 0 if starting else 1)
-            for _ in range(more):
+                wanted = {server: self._wanted(server) - sum(s.server == server for s in starting) for server in self._keep}
+            for server, more in wanted.items():
+                for _ in range(max(min(more, SPAWN_AHEAD - len(starting)), 0)):
+                    starting.append(self._fork_sandbox(server))
+            if not starting:  # what was wanted was taken meanwhile: one spare for the pool
                 starting.append(self._fork_sandbox("main"))
             oldest = starting.popleft()
             try:
@@ -339,16 +358,11 @@ class Pool:
             raise ControlError(f"the sandbox fork server ({server}) is not running")
         return control.call(request, fds)
 
-    def _spawn(self, server: str) -> Box:
-        """A sandbox of that fork server, once its supervisor says it is ready."""
-        return self._ready(self._fork_sandbox(server))
-
     def _fork_sandbox(self, server: str) -> Starting:
         """Have a fork server fork a sandbox; its supervisor then isolates itself, on its own."""
         host_end, sandbox_end = channel_pair()
-        with self._cond:  # the refill thread and trials' spawns take uids at once
-            uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
-            self._slots += 1
+        uid = self._uid_base + 2 * (self._slots % (UID_SLOTS // 2))
+        self._slots += 1
         request = {"op": "spawn", "uids": [uid, uid + 1], "limits": self.limits.as_dict()}
         try:
             with sandbox_end:
