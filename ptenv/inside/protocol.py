@@ -9,11 +9,11 @@ peer that trickles a byte at a time cannot stretch it.
 import asyncio
 import binascii
 import math
-import select
 import socket
 import struct
 import time
 from dataclasses import asdict, dataclass
+from select import POLLIN, poll
 
 FRAME = struct.Struct(">Q")
 # The largest tensor the codec carries, an input or `result`. At this size any read-back reply, a
@@ -127,13 +127,13 @@ def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) ->
 
 def readable(files: list, timeout: float | None) -> list:
     """Those of `files` (objects with fileno(), or fd numbers) that are readable, hung up or in
-    error within `timeout` seconds (None: no limit). select.select without its ceiling: it
-    raises for any fd numbered past 1023, and a host may hold thousands."""
-    poller, by_fd = select.poll(), {}
+    error within `timeout` seconds (None: no limit). select() without its ceiling: it raises for
+    any fd numbered past 1023, and a host may hold thousands."""
+    poller, by_fd = poll(), {}
     for f in files:
         fd = f if isinstance(f, int) else f.fileno()
         by_fd[fd] = f
-        poller.register(fd, select.POLLIN)
+        poller.register(fd, POLLIN)
     wait = None if timeout is None else math.ceil(max(timeout, 0) * 1000)
     return [by_fd[fd] for fd, _ in poller.poll(wait)]
 
