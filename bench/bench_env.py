@@ -94,9 +94,12 @@ class NaiveClient:
         self.clients.clear()
 
 
-def naive(limits: Limits = transports.LIMITS) -> transports.Transport:
+def naive(limits: Limits = transports.LIMITS, allowlist_base: list[str] | None = None) -> transports.Transport:
+    """As transports.create builds one. No fork server, so no trial zygote: every trial runs in its
+    rollout's own sandbox, as on Prime (`allowlist_base` is for the zygote only)."""
     client = NaiveClient(limits)
-    return dataclasses.replace(transports.local(limits), client=client, delete_all=client.bulk_delete, call=client.call)
+    return dataclasses.replace(transports.local(limits), client=client, delete_all=client.bulk_delete, call=client.call,
+                               trial_sandbox=transports.in_place)
 
 
 transports.TRANSPORTS["naive"] = naive  # load_environment(sandbox="naive") builds the same env on it

@@ -33,12 +33,14 @@ RUNS = sorted((REPO / "bench" / "results").glob("qwen2.5-coder-1.5b-function-*/*
 
 async def grade(client, row: dict, cases: list) -> float:
     """The answer's fraction of hidden cases passed, in a fresh sandbox."""
-    family = find_family(row["info"]["family"])[1]
-    source = function_source(final_message(row["completion"]), row["info"]["function"])
+    info = row["info"]
+    family = find_family(info["family"])[1]
+    source = function_source(final_message(row["completion"]), info["function"])
     sandbox = await client.create(REQUEST)
     try:
-        outcome = await assess_function(client.call, sandbox.id, source=source, name=row["info"]["function"],
-                                        cases=cases, ban=family.ban(row["info"]["level"]), limits=client.limits,
+        outcome = await assess_function(client.call, sandbox.id, source=source, name=info["function"],
+                                        inputs=family.instance(info["tier"], info["seed"], info["level"]).inputs(),
+                                        cases=cases, allowlist=family.allowlist(info["level"]), limits=client.limits,
                                         partial_credit=True)
     finally:
         await client.delete(sandbox.id)
