@@ -21,6 +21,7 @@ ptenv/inside/allowlist.py): only the stated operations run, none of which comput
 whole, and for a backward, automatic differentiation is removed too.
 """
 
+import functools
 import hashlib
 import threading
 from dataclasses import dataclass, field
@@ -171,11 +172,17 @@ def allowlist_text(f: FunctionFamily) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=1024)
+def compiled(source: str, name: str):
+    """The code of a trusted implementation, compiled once: a draw's gates run each one on every case."""
+    return compile(source, f"<{name}>", "exec")
+
+
 def call(source: str, name: str, args: Args, default_dtype: torch.dtype = torch.float32):
     """Run a trusted implementation (the reference, or a listed wrong one) on private copies of
     `args`, as the sandbox runs it (one thread), leaving the host's torch as it was."""
     namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(source, f"<{name}>", "exec"), namespace)
+    exec(compiled(source, name), namespace)
     copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with reference_run(default_dtype):
         return namespace[name](**copies)
