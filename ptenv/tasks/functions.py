@@ -68,6 +68,8 @@ class FunctionFamily:
     wrong: dict[str, str] = field(default_factory=dict)  # plausible wrong implementations, by name
     # Other correct implementations a solver would write (autograd over torch's op, the natural
     # float32 formula): each must pass every kept case, so the tolerance does not fail a fair answer.
+    # Every family lists `literal`: the contract's words as code, written from the contract alone (issue
+    # 35), so a draw where the words and the reference disagree is never kept.
     also_correct: dict[str, str] = field(default_factory=dict)
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
