@@ -134,7 +134,9 @@ def select_greater(x, threshold):
 
 MASKED_SELECT = FunctionFamily(
     "tensor_ops/masked_select_fn", "select_greater", ("x", "threshold"),
-    "`x` is a tensor of rank 1, 2 or 3 (float32, float64 or int64) and `threshold` a Python float. Return the "
+    "`x` is a tensor of rank 1, 2 or 3 (float32, float64 or int64) and `threshold` a Python float that float32 holds "
+    "exactly (such as 0.75 or -2.5; int64 entries are below 2 ** 24 in absolute value), so comparing in the dtype "
+    "of `x`, in float32 or exactly gives the same answer. Return the "
     "1-D tensor, of the dtype of `x`, of the elements of `x` that are strictly greater than `threshold`, in "
     "row-major order (the order of `x.flatten()`). Elements equal to `threshold` are not selected. When no "
     "element is selected the result is empty, of shape (0,).",
