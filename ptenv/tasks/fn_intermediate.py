@@ -431,11 +431,27 @@ CAUSAL_ATTENTION = FunctionFamily(
 )
 
 
+def _apart(g, count: int, scale: float) -> torch.Tensor:
+    """`count` (>= 2) float64 values summing to 0, each at least scale / 8 away from 0. With no affine, a
+    normalised value near 0 comes from an x near the mean, where float32's rounding of the mean (which the
+    summation order decides) moves it by about half the absolute tolerance; no such draw then (issue 35)."""
+    while True:
+        signs = torch.where(torch.rand(count - 1, generator=g) < 0.5, -1.0, 1.0).double()
+        d = signs * (scale / 8 + normal(g, count - 1, scale=scale, dtype=torch.float64).abs())
+        last = -d.sum()
+        if last.abs() >= scale / 8:
+            return torch.cat([d, last[None]])[torch.randperm(count, generator=g)]
+
+
 def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
     n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
     length = randint(g, 2, 5) if length is None else length
     shape = (n, c, length) if rank == 3 else (n, c)
-    return {"x": (normal(g, *shape, scale=2.0) + 0.5).to(dtype),
+    x = normal(g, *shape, scale=2.0) + 0.5
+    if not affine:
+        per_channel = torch.stack([0.5 + _apart(g, n * (length if rank == 3 else 1), 2.0) for _ in range(c)])
+        x = per_channel.reshape(c, n, -1).transpose(0, 1).reshape(shape)
+    return {"x": x.to(dtype),
             "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None,
             "running_mean": normal(g, c, scale=0.3, dtype=dtype), "running_var": uniform(g, 0.5, 2.0, c, dtype=dtype),
@@ -520,6 +536,10 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     c = groups * per
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
     x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
+    if not affine:  # each (sample, group) about its own mean, no value near it (_apart)
+        size = x[0, :per].numel()
+        x = torch.stack([normal(g, 1, scale=0.3, dtype=torch.float64) + _apart(g, size, 1.5)
+                         for _ in range(x.shape[0] * groups)]).reshape(x.shape)
     return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
 
