@@ -398,6 +398,19 @@ def _grid(g, *, mode=None, padding=None, align=None, outside=False, tiny=False, 
             "align_corners": bool(randint(g, 0, 1)) if align is None else align}
 
 
+def _nearest_tie(g, dtype=torch.float32):
+    """A "nearest" draw whose first grid point lies exactly halfway between pixel columns 0 and 1
+    (ix = 0.5, which rounds half to even to 0 and half up to 1): gx is dyadic, so every order of the
+    contract's formula computes ix exactly in float32, and the tie rule decides (issue 35)."""
+    args = _grid(g, mode="nearest", dtype=dtype)
+    align = args["align_corners"]
+    w = pick(g, [2, 3] if align else [2, 4])
+    n, c, h, _ = args["input"].shape
+    args["input"] = uniform(g, 1.0, 2.0, n, c, h, w, dtype=dtype)
+    args["grid"][0, 0, 0, 0] = 1 / (w - 1) - 1 if align else 2 / w - 1
+    return args
+
+
 _GRID_REF = (
     "def grid_sample(input, grid, mode, padding_mode, align_corners):\n"
     "    import torch.nn.functional as F\n"
@@ -480,7 +493,7 @@ GRID_SAMPLE = FunctionFamily(
     "\"border\" only taps of weight 0 can fall outside, with \"zeros\" any can. Return a tensor of shape (N, C, Ho, Wo) with the dtype of `input`. A size-1 dim (H = 1) is valid.",
     (
         Case("typical bilinear", "blends the four pixels", lambda g: _grid(g, mode="bilinear")),
-        Case("nearest", "rounding halves to even", lambda g: _grid(g, mode="nearest")),
+        Case("nearest", "rounding halves to even", lambda g: _nearest_tie(g)),
         Case("align_corners True", "the centres of the corner pixels", lambda g: _grid(g, align=True)),
         Case("out-of-range grid points", "(out-of-range grid points)", lambda g: _grid(g, outside=True, padding="zeros")),
         Case("border padding", "With \"border\"", lambda g: _grid(g, outside=True, padding="border")),
@@ -492,6 +505,8 @@ GRID_SAMPLE = FunctionFamily(
         "align_corners_swapped": _GRID_REF.replace("align_corners=align_corners)", "align_corners=not align_corners)"),
         "zeros_always": _GRID_REF.replace("padding_mode=padding_mode", "padding_mode='zeros'"),
         "xy_swapped": _GRID_REF.replace("F.grid_sample(input, grid,", "F.grid_sample(input, grid.flip(-1),"),
+        "nearest_half_up": _GRID_SAMPLE_BY_HAND.lstrip().replace("tap(torch.round(ix).long(), torch.round(iy).long())",
+                                                                 "tap(torch.floor(ix + 0.5).long(), torch.floor(iy + 0.5).long())"),
     },
     also_correct={"literal": _GRID_SAMPLE_LITERAL.lstrip(), "by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
