@@ -2,6 +2,8 @@
 every hidden-case class, the reference passes every hidden case of many draws against its float64
 recompute, each listed wrong implementation fails some case, and rows are byte-identical."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,6 +47,41 @@ def test_every_wrong_implementation_fails_a_case_of_every_kept_set(family):
     cases = functions.gated_draw(family, "wrong", functions.DEFAULT_HIDDEN_CASES)
     for wrong, source in family.wrong.items():
         assert not all(functions.passes(source, family.name, a, e) for _, a, e in cases), wrong
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_every_family_lists_a_literal_implementation_of_its_signature(family):
+    literal = family.also_correct["literal"]
+    assert literal.startswith(f"def {family.name}({', '.join(family.params)}):\n"), literal.splitlines()[0]
+    assert literal != family.reference
+
+
+def literal_problems(problems: list[str]) -> list[str]:
+    """The problems of a draw that only its literal implementation raised (set_problems' wording)."""
+    return [p for p in problems if "'literal'" in p or ": literal moves by" in p]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_the_literal_never_forces_a_redraw(family):
+    """Issue 35: the contract's words and the reference agree on every draw the other gates keep, so
+    no set is redrawn for the literal alone (a tie, threshold, summation order or precision the words
+    leave open would show up here), over 16 secrets."""
+    for key in range(16):
+        for draw in range(functions.MAX_DRAWS):
+            problems, _ = functions.set_problems(family, family.draw(f"literal#{key}", functions.DEFAULT_HIDDEN_CASES, draw))
+            only_literal = literal_problems(problems)
+            assert not only_literal or len(only_literal) < len(problems), (key, draw, only_literal)
+            if not problems:
+                break
+
+
+def test_the_literal_check_sees_a_literal_that_disagrees():
+    """The same check on a literal that reads a contract's tie rule the other way: it forces redraws."""
+    family = next(f for f in FAMILIES if f.id == "tensor_ops/argsort_rows_fn")
+    ties_last = family.wrong["ties_high_index_first"]
+    bent = dataclasses.replace(family, also_correct={"literal": ties_last})
+    problems, _ = functions.set_problems(bent, bent.draw("bent", functions.DEFAULT_HIDDEN_CASES))
+    assert problems == literal_problems(problems) == ["the correct implementation 'literal' fails tied values"]
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f.also_correct], ids=lambda f: f.id)
