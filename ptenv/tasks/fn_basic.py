@@ -422,6 +422,15 @@ def _ce(g, *, ignored=False, large=False, c=None, dtype=torch.float32):
         target[torch.randperm(n, generator=g)[: randint(g, 1, n - 1)]] = ignore_index
     elif ignored:
         target[randint(g, 0, n - 1)] = ignore_index
+    if c > 1:
+        # A loss below 0.1 (a target logit far above the rest) is log(1 + e) of a sum 1 + e that float32 rounds to
+        # 1.2e-7, in a way the summation order decides, against a tolerance of 1e-7 + 1e-5 * loss: such a sample
+        # takes the class of its smallest logit (not ignore_index) as its target instead (issue 35).
+        drawn = logits.to(dtype).double()
+        kept = target != ignore_index
+        loss = drawn.logsumexp(1) - drawn.gather(1, target.clamp(0, c - 1)[:, None]).squeeze(1)
+        lowest = drawn.masked_fill(torch.arange(c) == ignore_index, float("inf")).argmin(1)
+        target = torch.where(kept & (loss < 0.1), lowest, target)
     return {"logits": logits.to(dtype), "target": target, "ignore_index": ignore_index}
 
 
