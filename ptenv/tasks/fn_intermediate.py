@@ -1,6 +1,8 @@
 """Function families of the intermediate tier: the intermediate result families' maths as functions
 over any valid input, with the edge cases their result forms avoid."""
 
+import math
+
 import torch
 
 from ptenv.tasks.families import away_from_zero, normal, pick, randint, uniform
@@ -432,15 +434,20 @@ CAUSAL_ATTENTION = FunctionFamily(
 
 
 def _apart(g, count: int, scale: float) -> torch.Tensor:
-    """`count` (>= 2) float64 values summing to 0, each at least scale / 8 away from 0. With no affine, a
-    normalised value near 0 comes from an x near the mean, where float32's rounding of the mean (which the
-    summation order decides) moves it by about half the absolute tolerance; no such draw then (issue 35)."""
-    while True:
-        signs = torch.where(torch.rand(count - 1, generator=g) < 0.5, -1.0, 1.0).double()
-        d = signs * (scale / 8 + normal(g, count - 1, scale=scale, dtype=torch.float64).abs())
-        last = -d.sum()
-        if last.abs() >= scale / 8:
-            return torch.cat([d, last[None]])[torch.randperm(count, generator=g)]
+    """`count` (>= 2) float64 values summing to 0, each at least scale / 8 from 0 and none an outlier: pairs
+    a, -a (for an odd count, one a, b, -(a + b) with a and b of one sign). A normalised value near 0 comes from
+    an x near its mean, where float32's rounding of the mean (which the summation order decides) moves it by
+    about half the absolute tolerance; and two or three values close together leave their normalised values to
+    eps, and to that rounding (issue 35)."""
+    size = scale / 8 + normal(g, count, scale=scale, dtype=torch.float64).abs()
+    sign = torch.where(torch.rand(count // 2, generator=g) < 0.5, -1.0, 1.0).double()
+    a = sign * size[: count // 2]
+    values = torch.cat([a, -a])
+    if count % 2:
+        b = sign[0] * size[-1]
+        values = torch.cat([values, b[None]])
+        values[count // 2] = -(a[0] + b)
+    return values[torch.randperm(count, generator=g)]
 
 
 def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
@@ -535,11 +542,10 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     groups = randint(g, 2, 4) if groups == "C" else groups
     c = groups * per
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
-    x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
-    if not affine:  # each (sample, group) about its own mean, no value near it (_apart)
-        size = x[0, :per].numel()
-        x = torch.stack([normal(g, 1, scale=0.3, dtype=torch.float64) + _apart(g, size, 1.5)
-                         for _ in range(x.shape[0] * groups)]).reshape(x.shape)
+    n = randint(g, 1, 3)
+    # Each (sample, group) about its own mean, no value near it (_apart).
+    x = torch.stack([normal(g, 1, scale=0.3, dtype=torch.float64) + _apart(g, per * math.prod(spatial), 1.5)
+                     for _ in range(n * groups)]).reshape(n, c, *spatial)
     return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
 
