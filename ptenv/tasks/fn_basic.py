@@ -290,6 +290,15 @@ AVG_POOL = FunctionFamily(
 
 def _log_softmax(g, shape, dim, *, offset=0.0, dtype=torch.float32):
     x = normal(g, *shape, scale=1.5) + offset
+    # A slice whose largest entry is far above the rest has a log-softmax near 0 there: -log(1 + e) of a sum that
+    # float32 rounds to 1.2e-7, in a way the summation order decides, against a tolerance of 1e-7 + 1e-5 |result|.
+    # Such a slice has its largest entry lowered to its second largest, so no result but an exact 0 is below
+    # 0.1 in magnitude (issue 35).
+    exact = x.double()
+    top = exact.topk(min(2, x.shape[dim]), dim).values
+    first, second = top.narrow(dim, 0, 1), top.narrow(dim, top.shape[dim] - 1, 1)
+    dominant = (exact - first).exp().sum(dim, keepdim=True).log() < 0.1
+    x = torch.where(dominant & (exact == first), second, exact)
     return {"x": x.to(dtype), "dim": dim}
 
 
