@@ -454,10 +454,9 @@ def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float
     n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
     length = randint(g, 2, 5) if length is None else length
     shape = (n, c, length) if rank == 3 else (n, c)
-    x = normal(g, *shape, scale=2.0) + 0.5
-    if not affine:
-        per_channel = torch.stack([0.5 + _apart(g, n * (length if rank == 3 else 1), 2.0) for _ in range(c)])
-        x = per_channel.reshape(c, n, -1).transpose(0, 1).reshape(shape)
+    # Each channel about a mean of 0.5, no value near it (_apart).
+    per_channel = torch.stack([0.5 + _apart(g, n * (length if rank == 3 else 1), 2.0) for _ in range(c)])
+    x = per_channel.reshape(c, n, -1).transpose(0, 1).reshape(shape)
     return {"x": x.to(dtype),
             "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None,
