@@ -2,6 +2,8 @@
 every hidden-case class, the reference passes every hidden case of many draws against its float64
 recompute, each listed wrong implementation fails some case, and rows are byte-identical."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,6 +47,44 @@ def test_every_wrong_implementation_fails_a_case_of_every_kept_set(family):
     cases = functions.gated_draw(family, "wrong", functions.DEFAULT_HIDDEN_CASES)
     for wrong, source in family.wrong.items():
         assert not all(functions.passes(source, family.name, a, e) for _, a, e in cases), wrong
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_every_family_lists_a_literal_implementation_of_its_signature(family):
+    literal = family.also_correct["literal"]
+    assert literal.startswith(f"def {family.name}({', '.join(family.params)}):\n"), literal.splitlines()[0]
+    assert literal != family.reference
+
+
+def literal_problems(problems: list[str], name: str = "literal") -> list[str]:
+    """The problems of a draw that only its `name` implementation raised (set_problems' wording)."""
+    return [p for p in problems if f"{name!r}" in p or f": {name} moves by" in p]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_the_literal_never_forces_a_redraw(family):
+    """Issue 35: the contract's words and the reference agree on every draw the other gates keep, so
+    no set is redrawn for the literal alone (a tie, threshold, summation order or precision the words
+    leave open would show up here), over 16 secrets. The same holds for the `by_hand` implementation
+    the level-2 allowlist is checked with (tests/test_allowlist.py), where the family lists one."""
+    names = [name for name in ("literal", "by_hand") if name in family.also_correct]
+    for key in range(16):
+        for draw in range(functions.MAX_DRAWS):
+            problems, _ = functions.set_problems(family, family.draw(f"literal#{key}", functions.DEFAULT_HIDDEN_CASES, draw))
+            for name in names:
+                alone = literal_problems(problems, name)
+                assert not alone or len(alone) < len(problems), (name, key, draw, alone)
+            if not problems:
+                break
+
+
+def test_the_literal_check_sees_a_literal_that_disagrees():
+    """The same check on a literal that reads a contract's tie rule the other way: it forces redraws."""
+    family = next(f for f in FAMILIES if f.id == "tensor_ops/argsort_rows_fn")
+    ties_last = family.wrong["ties_high_index_first"]
+    bent = dataclasses.replace(family, also_correct={"literal": ties_last})
+    problems, _ = functions.set_problems(bent, bent.draw("bent", functions.DEFAULT_HIDDEN_CASES))
+    assert problems == literal_problems(problems) == ["the correct implementation 'literal' fails tied values"]
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f.also_correct], ids=lambda f: f.id)

@@ -41,6 +41,28 @@ def _bags(g, *, mode=None, empty=False, pad=False, dtype=torch.float32, weights=
             "per_sample_weights": psw, "padding_idx": padding_idx}
 
 
+_EMBEDDING_BAG_LITERAL = """
+def embedding_bag(weight, indices, offsets, mode, per_sample_weights, padding_idx):
+    L, B = indices.shape[0], offsets.shape[0]
+    bounds = offsets.tolist() + [L]
+    out = torch.zeros(B, weight.shape[1], dtype=weight.dtype)
+    for b in range(B):
+        kept = [p for p in range(bounds[b], bounds[b + 1]) if int(indices[p]) != padding_idx]
+        if not kept:
+            continue
+        rows = weight[indices[kept]]
+        w = per_sample_weights[kept] if per_sample_weights is not None else torch.ones(len(kept), dtype=weight.dtype)
+        if mode == 'sum':
+            out[b] = (w[:, None] * rows).sum(0)
+        elif mode == 'mean':
+            out[b] = rows.sum(0) / len(kept)
+        elif mode == 'max':
+            out[b] = rows.max(0).values
+        else:
+            out[b] = (w[:, None] * rows).sum(0) / w.sum()
+    return out
+"""
+
 EMBEDDING_BAG = FunctionFamily(
     "nn_modules/embedding_bag_fn", "embedding_bag",
     ("weight", "indices", "offsets", "mode", "per_sample_weights", "padding_idx"),
@@ -117,6 +139,7 @@ EMBEDDING_BAG = FunctionFamily(
             "            out[b] = (w[:, None] * rows).sum(0) / w.sum()\n"
             "    return out\n",
     },
+    also_correct={"literal": _EMBEDDING_BAG_LITERAL.lstrip()},
     hint="`torch.nn.functional.embedding_bag` covers sum, mean and max; loop over the bags (or use "
          "`index_add_` with a bag id per position) for the weighted mean.",
 )
@@ -166,6 +189,31 @@ _SCATTER_REF = (
     "    return out\n"
 )
 
+_SCATTER_REDUCE_LITERAL = """
+def scatter_reduce(self, index, src, reduce, include_self):
+    out = self.clone()
+    for m in range(self.shape[0]):
+        taken = [src[n] for n in range(index.shape[0]) if int(index[n]) == m]
+        if not taken:
+            continue
+        if include_self:
+            taken = [self[m]] + taken
+        rows = torch.stack(taken)
+        if reduce == 'sum':
+            out[m] = rows.sum(0)
+        elif reduce == 'prod':
+            out[m] = rows.prod(0)
+        elif reduce == 'mean':
+            out[m] = rows.sum(0) / len(taken)
+        elif reduce == 'amax':
+            out[m] = rows.max(0).values
+        elif reduce == 'amin':
+            out[m] = rows.min(0).values
+        else:
+            out[m] = rows.max(0).values - rows.min(0).values
+    return out
+"""
+
 SCATTER_REDUCE = FunctionFamily(
     "tensor_ops/scatter_reduce_fn", "scatter_reduce", ("self", "index", "src", "reduce", "include_self"),
     "`self` is a float tensor of shape (M, D) (M, D >= 1; float32 or float64), `index` an int64 tensor of "
@@ -201,6 +249,7 @@ SCATTER_REDUCE = FunctionFamily(
             "    return self.index_reduce(0, index, src, reduce, include_self=include_self)\n",
         "include_self_ignored": _SCATTER_REF.replace("if include_self:", "if True:"),
     },
+    also_correct={"literal": _SCATTER_REDUCE_LITERAL.lstrip()},
     hint="`Tensor.index_reduce` (or `scatter_reduce` with an expanded index) covers the torch reductions; "
          "mind which rows no index reaches.",
     # Indexed assignment that accumulates is the "sum" reduction with include_self.
@@ -259,6 +308,34 @@ def unfold(x, kernel_size, stride, padding, dilation, padding_mode):
     return patches.reshape(N, C * kh * kw, OH * OW)
 """
 
+_UNFOLD_LITERAL = """
+def unfold(x, kernel_size, stride, padding, dilation, padding_mode):
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+
+    def source(i, n, pad):  # the row (or column) of x that padded position i reads; -1 for a zero
+        i -= pad
+        if 0 <= i < n:
+            return i
+        if padding_mode == 'reflect':
+            return -i if i < 0 else 2 * (n - 1) - i
+        if padding_mode == 'replicate':
+            return min(max(i, 0), n - 1)
+        return -1
+
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = torch.zeros(N, C, kh, kw, OH, OW, dtype=x.dtype)
+    for i in range(kh):
+        rows = torch.tensor([source(oh * sh + i * dh, H, ph) for oh in range(OH)])
+        for j in range(kw):
+            cols = torch.tensor([source(ow * sw + j * dw, W, pw) for ow in range(OW)])
+            values = x[:, :, rows.clamp(min=0)][:, :, :, cols.clamp(min=0)]
+            inside = (rows[:, None] >= 0) & (cols[None, :] >= 0)
+            out[:, :, i, j] = torch.where(inside, values, torch.zeros_like(values))
+    return out.reshape(N, C * kh * kw, OH * OW)
+"""
+
 UNFOLD = FunctionFamily(
     "tensor_ops/unfold_fn", "unfold", ("x", "kernel_size", "stride", "padding", "dilation", "padding_mode"),
     "`x` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64); `kernel_size`, `stride`, "
@@ -314,7 +391,7 @@ UNFOLD = FunctionFamily(
             "    n, c = x.shape[:2]\n"
             "    return out.reshape(n, c, -1, out.shape[-1]).transpose(1, 2).reshape(out.shape)\n",
     },
-    also_correct={"by_hand": _UNFOLD_BY_HAND.lstrip()},
+    also_correct={"literal": _UNFOLD_LITERAL.lstrip(), "by_hand": _UNFOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.pad` has \"reflect\" and \"replicate\" modes; `torch.nn.functional.unfold` "
          "extracts the patches.",
 )
@@ -378,6 +455,30 @@ def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):
     return total.reshape(N, C, H, W)
 """
 
+_FOLD_LITERAL = """
+def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):
+    (H, W), (kh, kw), (sh, sw), (ph, pw), (dh, dw) = output_size, kernel_size, stride, padding, dilation
+    N = cols.shape[0]
+    C = cols.shape[1] // (kh * kw)
+    OH = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    OW = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    entries = cols.reshape(N, C, kh, kw, OH, OW)
+    total = torch.zeros(N, C, H, W, dtype=cols.dtype)
+    count = torch.zeros(H, W, dtype=cols.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            # the pixels of tap (i, j) at every (oh, ow); distinct for one tap
+            r = torch.arange(OH) * sh + i * dh - ph
+            s = torch.arange(OW) * sw + j * dw - pw
+            rk, sk = (r >= 0) & (r < H), (s >= 0) & (s < W)
+            rows, columns = r[rk], s[sk]
+            total[:, :, rows[:, None], columns[None, :]] += entries[:, :, i, j][:, :, rk][:, :, :, sk]
+            count[rows[:, None], columns[None, :]] += 1
+    if reduction == 'mean':
+        total = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+    return total
+"""
+
 FOLD = FunctionFamily(
     "tensor_ops/fold_fn", "fold", ("cols", "output_size", "kernel_size", "stride", "padding", "dilation", "reduction"),
     "The inverse layout of im2col. `output_size` = [H, W], `kernel_size` = [kh, kw], `stride`, `padding` and "
@@ -406,7 +507,7 @@ FOLD = FunctionFamily(
             _FOLD_REF.replace("torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))",
                               "total / (kernel_size[0] * kernel_size[1])"),
     },
-    also_correct={"by_hand": _FOLD_BY_HAND.lstrip()},
+    also_correct={"literal": _FOLD_LITERAL.lstrip(), "by_hand": _FOLD_BY_HAND.lstrip()},
     hint="`torch.nn.functional.fold` sums the patches; fold a tensor of ones to count them.",
     allowed=(SCATTER,),
 )
@@ -472,6 +573,39 @@ _POOL_REF = (
     "    return vals, idx\n"
 )
 
+_MAX_POOL2D_LITERAL = """
+def max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    import math
+    N, C, H, W = x.shape
+    k, s, p, d = kernel_size, stride, padding, dilation
+
+    def size(L):
+        span = L + 2 * p - d * (k - 1) - 1
+        if not ceil_mode:
+            return span // s + 1
+        O = math.ceil(span / s) + 1
+        return O - 1 if (O - 1) * s >= L + p else O
+
+    OH, OW = size(H), size(W)
+    values = torch.empty(N, C, OH, OW, dtype=x.dtype)
+    indices = torch.empty(N, C, OH, OW, dtype=torch.int64)
+    for n in range(N):
+        for c in range(C):
+            plane = x[n, c].tolist()
+            for oh in range(OH):
+                for ow in range(OW):
+                    best, where = None, None
+                    for i in range(k):
+                        for j in range(k):
+                            h, w = oh * s - p + i * d, ow * s - p + j * d
+                            if 0 <= h < H and 0 <= w < W:
+                                v = plane[h][w]
+                                if best is None or v > best or (v == best and h * W + w > where):
+                                    best, where = v, h * W + w
+                    values[n, c, oh, ow], indices[n, c, oh, ow] = best, where
+    return values, indices
+"""
+
 MAX_POOL2D = FunctionFamily(
     "nn_modules/max_pool2d_fn", "max_pool2d", ("x", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
     "`x` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64); `kernel_size` k, `stride` s, "
@@ -500,6 +634,7 @@ MAX_POOL2D = FunctionFamily(
             "    return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode, return_indices=True)\n",
         "floor_always": _POOL_REF.replace("(math.ceil(span / s) if ceil_mode else span // s)", "span // s"),
     },
+    also_correct={"literal": _MAX_POOL2D_LITERAL.lstrip()},
     hint="pad with -inf (`torch.nn.functional.pad`, enough on the right for ceil_mode), gather each window's "
          "positions (`Tensor.unfold`, then every d-th), and take the last maximum: `argmax` of the window "
          "reversed. `max_pool2d(..., return_indices=True)` gives ties to the first position instead.",
@@ -531,6 +666,23 @@ _ADAPTIVE_REF = (
     "    return torch.stack(outs, -1)\n"
 )
 
+_ADAPTIVE_POOL1D_LITERAL = """
+def adaptive_pool1d(x, output_size, mode):
+    L = x.shape[-1]
+    O = output_size
+    out = []
+    for i in range(O):
+        start, end = (i * L) // O, ((i + 1) * L + O - 1) // O
+        window = x[..., start:end]
+        if mode == 'avg':
+            out.append(window.sum(-1) / (end - start))
+        elif mode == 'max':
+            out.append(window.max(-1).values)
+        else:
+            out.append(window.min(-1).values)
+    return torch.stack(out, -1)
+"""
+
 ADAPTIVE_POOL1D = FunctionFamily(
     "nn_modules/adaptive_pool1d_fn", "adaptive_pool1d", ("x", "output_size", "mode"),
     "`x` is a float tensor of shape (N, C, L) (N, C, L >= 1; float32 or float64), `output_size` an int O >= 1 "
@@ -557,6 +709,7 @@ ADAPTIVE_POOL1D = FunctionFamily(
             "    f = (lambda w: w.mean(-1)) if mode == 'avg' else (lambda w: w.amax(-1)) if mode == 'max' else (lambda w: w.amin(-1))\n"
             "    return torch.stack([f(w) for w in outs], -1)\n",
     },
+    also_correct={"literal": _ADAPTIVE_POOL1D_LITERAL.lstrip()},
     hint="`torch.nn.functional.adaptive_avg_pool1d` and `adaptive_max_pool1d` use these windows.",
 )
 
@@ -596,6 +749,23 @@ _INTERP_REF = (
     "    return torch.stack(out, -1)\n"
 )
 
+_INTERPOLATE_LINEAR_LITERAL = """
+def interpolate_linear(x, size, align_corners):
+    import math
+    L, S = x.shape[-1], size
+    out = torch.empty(*x.shape[:-1], S, dtype=x.dtype)
+    for i in range(S):
+        if align_corners:
+            src = i * (L - 1) / (S - 1) if S > 1 else 0.0
+        else:
+            src = max((i + 0.5) * L / S - 0.5, 0.0)
+        i0 = min(math.floor(src), L - 1)
+        i1 = min(i0 + 1, L - 1)
+        lam = src - i0
+        out[..., i] = x[..., i0] * (1 - lam) + x[..., i1] * lam
+    return out
+"""
+
 INTERPOLATE_LINEAR = FunctionFamily(
     "nn_modules/interpolate_linear_fn", "interpolate_linear", ("x", "size", "align_corners"),
     "`x` is a float tensor of shape (N, C, L) (N, C, L >= 1; float32 or float64), `size` an int S >= 1 and "
@@ -618,6 +788,7 @@ INTERPOLATE_LINEAR = FunctionFamily(
         "align_corners_swapped": _INTERP_REF.replace("if align_corners:", "if not align_corners:"),
         "no_clamp": _INTERP_REF.replace("src = max((i + 0.5) * L / size - 0.5, 0.0)", "src = (i + 0.5) * L / size - 0.5"),
     },
+    also_correct={"literal": _INTERPOLATE_LINEAR_LITERAL.lstrip()},
     hint="`torch.nn.functional.interpolate(x, size=S, mode=\"linear\", align_corners=...)`.",
 )
 
@@ -690,6 +861,25 @@ def cumulative(x, dim, op, reverse, exclusive):
     return out.flip(dim) if reverse else out
 """
 
+_CUMULATIVE_LITERAL = """
+def cumulative(x, dim, op, reverse, exclusive):
+    n = x.shape[dim]
+    combine = {'sum': torch.add, 'prod': torch.mul, 'max': torch.maximum, 'min': torch.minimum}[op]
+    out = torch.empty_like(x)
+    for t in range(n):
+        positions = range(t, n) if reverse else range(t + 1)
+        if exclusive:
+            positions = [u for u in positions if u != t]
+        acc = None
+        for u in positions:
+            v = x.select(dim, u)
+            acc = v if acc is None else combine(acc, v)
+        if acc is None:
+            acc = torch.zeros_like(x.select(dim, t)) if op == 'sum' else torch.ones_like(x.select(dim, t))
+        out.select(dim, t).copy_(acc)
+    return out
+"""
+
 CUMULATIVE = FunctionFamily(
     "tensor_ops/cumulative_fn", "cumulative", ("x", "dim", "op", "reverse", "exclusive"),
     "`x` is a float tensor of rank 1 to 3 (float32 or float64), `dim` an int in [-rank, rank) (negative "
@@ -714,7 +904,7 @@ CUMULATIVE = FunctionFamily(
         "reverse_not_flipped_back": _CUMUL_REF.replace("return out.flip(dim) if reverse else out", "return out"),
         "exclusive_ignored": _CUMUL_REF.replace("if exclusive:", "if False:"),
     },
-    also_correct={"by_hand": _CUMULATIVE_BY_HAND.lstrip()},
+    also_correct={"literal": _CUMULATIVE_LITERAL.lstrip(), "by_hand": _CUMULATIVE_BY_HAND.lstrip()},
     hint="`torch.cumsum`, `cumprod`, `cummax`, `cummin`, with `Tensor.flip` for the reverse scan; shift by "
          "one position for the exclusive scan.",
 )
@@ -747,6 +937,13 @@ _SEARCH_REF = (
     "    return ((s <= v) if right else (s < v)).sum(-1).to(torch.int64)\n"
 )
 
+_SEARCHSORTED_LITERAL = """
+def searchsorted(sorted_sequence, values, right):
+    entries, v = sorted_sequence[:, None, :], values[:, :, None]
+    counted = (entries <= v) if right else (entries < v)
+    return counted.sum(-1).to(torch.int64)
+"""
+
 SEARCHSORTED = FunctionFamily(
     "tensor_ops/searchsorted_fn", "searchsorted", ("sorted_sequence", "values", "right"),
     "`sorted_sequence` is a float tensor of shape (R, M) (R, M >= 1; float32 or float64) whose rows are "
@@ -771,6 +968,7 @@ SEARCHSORTED = FunctionFamily(
             "def searchsorted(sorted_sequence, values, right):\n"
             "    return torch.bucketize(values, sorted_sequence[0], right=right)\n",
     },
+    also_correct={"literal": _SEARCHSORTED_LITERAL.lstrip()},
     hint="`torch.searchsorted(sorted_sequence, values, right=...)`; or count comparisons with broadcasting.",
 )
 
@@ -816,6 +1014,27 @@ _NLL_REF = (
     "    return losses.sum() / total if bool(total > 0) else torch.zeros((), dtype=log_probs.dtype)\n"
 )
 
+_NLL_LOSS_LITERAL = """
+def nll_loss(log_probs, target, weight, ignore_index, reduction):
+    N, C = log_probs.shape
+    w = weight if weight is not None else torch.ones(C, dtype=log_probs.dtype)
+    losses = torch.zeros(N, dtype=log_probs.dtype)
+    total_weight = torch.zeros((), dtype=log_probs.dtype)
+    for i in range(N):
+        t = int(target[i])
+        if t == ignore_index:
+            continue
+        losses[i] = -w[t] * log_probs[i, t]
+        total_weight = total_weight + w[t]
+    if reduction == 'none':
+        return losses
+    if reduction == 'sum':
+        return losses.sum()
+    if total_weight == 0:
+        return torch.zeros((), dtype=log_probs.dtype)
+    return losses.sum() / total_weight
+"""
+
 NLL_LOSS = FunctionFamily(
     "losses/nll_loss_fn", "nll_loss", ("log_probs", "target", "weight", "ignore_index", "reduction"),
     "`log_probs` is a float tensor of shape (N, C) (N >= 1, C >= 2; float32 or float64) of log-probabilities, "
@@ -845,6 +1064,7 @@ NLL_LOSS = FunctionFamily(
             "    return F.nll_loss(log_probs, target, weight=weight, ignore_index=ignore_index, reduction=reduction)\n",
         "mean_by_count": _NLL_REF.replace("total = w.sum()", "total = keep.sum().to(log_probs.dtype)"),
     },
+    also_correct={"literal": _NLL_LOSS_LITERAL.lstrip()},
     hint="`torch.nn.functional.nll_loss` with `ignore_index` and `weight`; guard the all-ignored mean.",
 )
 

@@ -26,6 +26,13 @@ def _std(g, n=None, d=None, dtype=torch.float32, constant=False):
     return {"x": x}
 
 
+_COLUMN_STD_LITERAL = """
+def column_std(x):
+    n = x.shape[0]
+    mean = x.sum(0) / n
+    return (((x - mean) ** 2).sum(0) / (n - 1)).sqrt()
+"""
+
 COLUMN_STD = FunctionFamily(
     "tensor_ops/column_std_unbiased_fn", "column_std", ("x",),
     "`x` is a float tensor of shape (N, D) (N >= 2, D >= 1; float32 or float64). Return the tensor of shape "
@@ -50,8 +57,9 @@ COLUMN_STD = FunctionFamily(
             "def column_std(x):\n"
             "    return x.float().std(dim=0)\n",
     },
+    also_correct={"literal": _COLUMN_STD_LITERAL.lstrip(),
+                  "by_hand": 'def column_std(x):\n    d = x - x.mean(0)\n    return ((d * d).sum(0) / (x.shape[0] - 1)).sqrt()\n'},
     hint="`Tensor.std` (its default correction is Bessel's).",
-    also_correct={"by_hand": 'def column_std(x):\n    d = x - x.mean(0)\n    return ((d * d).sum(0) / (x.shape[0] - 1)).sqrt()\n'},
 )
 
 
@@ -60,6 +68,17 @@ def _argsort(g, shape, ties=False, dtype=torch.float32):
         return {"x": _grid(g, *shape, low=-3, high=3, dtype=dtype)}
     return {"x": normal(g, *shape, dtype=dtype)}
 
+
+_ARGSORT_ROWS_LITERAL = """
+def argsort_rows(x):
+    n = x.shape[-1]
+    position = torch.arange(n)
+    a, b = x.unsqueeze(-1), x.unsqueeze(-2)  # a: element i, b: element j
+    # j sorts before i when it is smaller, or equal and at a lower index
+    before = (b < a) | ((b == a) & (position[None, :] < position[:, None]))
+    rank = before.sum(-1)
+    return torch.empty_like(rank).scatter_(-1, rank, position.expand_as(rank).contiguous())
+"""
 
 ARGSORT_ROWS = FunctionFamily(
     "tensor_ops/argsort_rows_fn", "argsort_rows", ("x",),
@@ -87,8 +106,9 @@ ARGSORT_ROWS = FunctionFamily(
             "def argsort_rows(x):\n"
             "    return torch.argsort(x, dim=1 if x.dim() > 1 else 0, stable=True)\n",
     },
+    also_correct={"literal": _ARGSORT_ROWS_LITERAL.lstrip(),
+                  "by_hand": 'def argsort_rows(x):\n    n = x.shape[-1]\n    i = torch.arange(n)\n    # j comes before i: a smaller value, or an equal one at a lower index\n    before = (x.unsqueeze(-2) < x.unsqueeze(-1)) | ((x.unsqueeze(-2) == x.unsqueeze(-1)) & (i[None, :] < i[:, None]))\n    rank = before.sum(-1).reshape(-1, n)\n    out = torch.empty_like(rank)\n    out[torch.arange(rank.shape[0])[:, None].expand_as(rank), rank] = i.expand_as(rank)\n    return out.reshape(x.shape)\n'},
     hint="`torch.argsort(..., stable=True)`.",
-    also_correct={"by_hand": 'def argsort_rows(x):\n    n = x.shape[-1]\n    i = torch.arange(n)\n    # j comes before i: a smaller value, or an equal one at a lower index\n    before = (x.unsqueeze(-2) < x.unsqueeze(-1)) | ((x.unsqueeze(-2) == x.unsqueeze(-1)) & (i[None, :] < i[:, None]))\n    rank = before.sum(-1).reshape(-1, n)\n    out = torch.empty_like(rank)\n    out[torch.arange(rank.shape[0])[:, None].expand_as(rank), rank] = i.expand_as(rank)\n    return out.reshape(x.shape)\n'},
 )
 
 
@@ -106,9 +126,17 @@ def _select(g, shape, dtype=torch.float32, *, equal=False, none=False):
     return {"x": x, "threshold": threshold}
 
 
+_MASKED_SELECT_LITERAL = """
+def select_greater(x, threshold):
+    kept = [v for v in x.flatten().tolist() if v > threshold]
+    return torch.tensor(kept, dtype=x.dtype)
+"""
+
 MASKED_SELECT = FunctionFamily(
     "tensor_ops/masked_select_fn", "select_greater", ("x", "threshold"),
-    "`x` is a tensor of rank 1, 2 or 3 (float32, float64 or int64) and `threshold` a Python float. Return the "
+    "`x` is a tensor of rank 1, 2 or 3 (float32, float64 or int64) and `threshold` a Python float that float32 holds "
+    "exactly (such as 0.75 or -2.5; int64 entries are below 2 ** 24 in absolute value), so comparing in the dtype "
+    "of `x`, in float32 or exactly gives the same answer. Return the "
     "1-D tensor, of the dtype of `x`, of the elements of `x` that are strictly greater than `threshold`, in "
     "row-major order (the order of `x.flatten()`). Elements equal to `threshold` are not selected. When no "
     "element is selected the result is empty, of shape (0,).",
@@ -135,8 +163,9 @@ MASKED_SELECT = FunctionFamily(
             "def select_greater(x, threshold):\n"
             "    return x[x > threshold].float()\n",
     },
+    also_correct={"literal": _MASKED_SELECT_LITERAL.lstrip(),
+                  "by_hand": 'def select_greater(x, threshold):\n    flat = x.flatten()\n    keep = flat > threshold\n    order = torch.sort((~keep).long(), stable=True).indices[:int(keep.sum())]\n    return flat[order]\n'},
     hint="boolean-mask indexing, or `torch.masked_select`.",
-    also_correct={"by_hand": 'def select_greater(x, threshold):\n    flat = x.flatten()\n    keep = flat > threshold\n    order = torch.sort((~keep).long(), stable=True).indices[:int(keep.sum())]\n    return flat[order]\n'},
     allowed=(SORT,),
     banned=("nonzero", "masked_select"),
 )
@@ -153,6 +182,12 @@ def _cast(g, dtype=torch.float32, negative=False, whole=False):
         x = x + torch.where(torch.rand(shape, generator=g) < 0.5, 0.0, -0.5)
     return {"x": x.to(dtype), "dtype": pick(g, ["int16", "int32", "int64"])}
 
+
+_CAST_TRUNC_LITERAL = """
+def to_int(x, dtype):
+    truncated = torch.where(x < 0, torch.ceil(x), torch.floor(x))
+    return truncated.to(getattr(torch, dtype))
+"""
 
 CAST_TRUNC = FunctionFamily(
     "tensor_ops/cast_trunc_int_fn", "to_int", ("x", "dtype"),
@@ -181,6 +216,7 @@ CAST_TRUNC = FunctionFamily(
             "def to_int(x, dtype):\n"
             "    return torch.trunc(x).long()\n",
     },
+    also_correct={"literal": _CAST_TRUNC_LITERAL.lstrip()},
     hint="`torch.trunc`, then `Tensor.to` with the dtype `getattr(torch, dtype)`.",
 )
 
@@ -196,6 +232,24 @@ def _pool(g, *, include=True, padding=None, batched=True, dtype=torch.float32):
     return {"x": normal(g, *shape, dtype=dtype) + 0.5, "kernel_size": k, "stride": stride, "padding": padding,
             "count_include_pad": include}
 
+
+_AVG_POOL_LITERAL = """
+def avg_pool(x, kernel_size, stride, padding, count_include_pad):
+    k, s, p = kernel_size, stride, padding
+    batched = x.dim() == 4
+    if not batched:
+        x = x[None]
+    N, C, H, W = x.shape
+    padded = torch.zeros(N, C, H + 2 * p, W + 2 * p, dtype=x.dtype)
+    padded[:, :, p:p + H, p:p + W] = x
+    inside = torch.zeros(H + 2 * p, W + 2 * p, dtype=x.dtype)
+    inside[p:p + H, p:p + W] = 1
+    # every k x k window moving by s: (N, C, OH, OW, k, k); a partial window at the end is dropped
+    total = padded.unfold(2, k, s).unfold(3, k, s).sum((-2, -1))
+    count = inside.unfold(0, k, s).unfold(1, k, s).sum((-2, -1)) if not count_include_pad else k * k
+    out = total / count
+    return out if batched else out[0]
+"""
 
 AVG_POOL = FunctionFamily(
     "nn_modules/avg_pool_fn", "avg_pool", ("x", "kernel_size", "stride", "padding", "count_include_pad"),
@@ -228,19 +282,35 @@ AVG_POOL = FunctionFamily(
             "    return torch.nn.functional.avg_pool2d(x, kernel_size, stride, padding, ceil_mode=True,\n"
             "                                          count_include_pad=count_include_pad)\n",
     },
+    also_correct={"literal": _AVG_POOL_LITERAL.lstrip(),
+                  "by_hand": 'def avg_pool(x, kernel_size, stride, padding, count_include_pad):\n    k, s, p = kernel_size, stride, padding\n    H, W = x.shape[-2:]\n    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1\n    xp = torch.nn.functional.pad(x, (p, p, p, p))\n    inside = torch.nn.functional.pad(torch.ones(H, W, dtype=x.dtype), (p, p, p, p))\n    total, count = 0, 0\n    for i in range(k):\n        for j in range(k):\n            total = total + xp[..., i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n            count = count + inside[i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n    return total / (k * k) if count_include_pad else total / count\n'},
     hint="`torch.nn.functional.avg_pool2d`.",
-    also_correct={"by_hand": 'def avg_pool(x, kernel_size, stride, padding, count_include_pad):\n    k, s, p = kernel_size, stride, padding\n    H, W = x.shape[-2:]\n    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1\n    xp = torch.nn.functional.pad(x, (p, p, p, p))\n    inside = torch.nn.functional.pad(torch.ones(H, W, dtype=x.dtype), (p, p, p, p))\n    total, count = 0, 0\n    for i in range(k):\n        for j in range(k):\n            total = total + xp[..., i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n            count = count + inside[i:i + s * (OH - 1) + 1:s, j:j + s * (OW - 1) + 1:s]\n    return total / (k * k) if count_include_pad else total / count\n'},
 )
 
 
 def _log_softmax(g, shape, dim, *, offset=0.0, dtype=torch.float32):
     x = normal(g, *shape, scale=1.5) + offset
+    # A slice whose largest entry is far above the rest has a log-softmax near 0 there: -log(1 + e) of a sum that
+    # float32 rounds to 1.2e-7, in a way the summation order decides, against a tolerance of 1e-7 + 1e-5 |result|.
+    # Such a slice has its largest entry lowered to its second largest, so no result but an exact 0 is below
+    # 0.1 in magnitude (issue 35).
+    exact = x.double()
+    top = exact.topk(min(2, x.shape[dim]), dim).values
+    first, second = top.narrow(dim, 0, 1), top.narrow(dim, top.shape[dim] - 1, 1)
+    dominant = (exact - first).exp().sum(dim, keepdim=True).log() < 0.1
+    x = torch.where(dominant & (exact == first), second, exact)
     return {"x": x.to(dtype), "dim": dim}
 
 
 def _large_offset(g):
     return uniform(g, 150.0, 600.0, 1).item() * pick(g, [-1.0, 1.0])
 
+
+_LOG_SOFTMAX_LITERAL = """
+def log_softmax(x, dim):
+    m = x.amax(dim, keepdim=True)
+    return (x - m) - torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+"""
 
 LOG_SOFTMAX = FunctionFamily(
     "nn_modules/log_softmax_rows_fn", "log_softmax", ("x", "dim"),
@@ -276,8 +346,9 @@ LOG_SOFTMAX = FunctionFamily(
             "def log_softmax(x, dim):\n"
             "    return x - torch.logsumexp(x, dim, keepdim=True)\n",
     },
+    also_correct={"literal": _LOG_SOFTMAX_LITERAL.lstrip(),
+                  "by_hand": 'def log_softmax(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (x - m) - torch.log(torch.exp(x - m).sum(dim, keepdim=True))\n'},
     hint="`torch.log_softmax`.",
-    also_correct={"by_hand": 'def log_softmax(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (x - m) - torch.log(torch.exp(x - m).sum(dim, keepdim=True))\n'},
 )
 
 # ---------------------------------------------------------------- autograd
@@ -289,6 +360,15 @@ def _accumulate(g, powers, shape=None, dtype=torch.float32):
     sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1, 1).to(dtype)
     return {"x": magnitude * sign, "powers": powers}
 
+
+_GRAD_ACCUMULATES_LITERAL = """
+def accumulated_grad(x, powers):
+    with torch.enable_grad():
+        x = x.detach().clone().requires_grad_()
+        for p in powers:
+            (x ** p).sum().backward()
+    return x.grad if x.grad is not None else torch.zeros_like(x)
+"""
 
 GRAD_ACCUMULATES = FunctionFamily(
     "autograd/grad_accumulates_fn", "accumulated_grad", ("x", "powers"),
@@ -331,6 +411,7 @@ GRAD_ACCUMULATES = FunctionFamily(
             "        total = total + p * x ** (p - 1)\n"
             "    return total\n",
     },
+    also_correct={"literal": _GRAD_ACCUMULATES_LITERAL.lstrip()},
     hint="a leaf with `requires_grad_()` and repeated `backward()`, or the derivative by hand.",
 )
 
@@ -341,15 +422,37 @@ def _ce(g, *, ignored=False, large=False, c=None, dtype=torch.float32):
     n, c = randint(g, 3, 7), randint(g, 3, 6) if c is None else c
     logits = normal(g, n, c, scale=2.0)
     if large:
-        logits = logits * 20.0 + uniform(g, 1000.0, 3000.0, 1).item() * pick(g, [-1.0, 1.0])
+        # Spread as the typical ones (issue 35): a spread of 40 gave losses near 1e-7, a sum of exps of 1 + 1e-7
+        # whose float32 rounding, which the summation order decides, moved the loss by more than the tolerance.
+        logits = logits + uniform(g, 1000.0, 3000.0, 1).item() * pick(g, [-1.0, 1.0])
     target = torch.randint(0, c, (n,), generator=g)
     ignore_index = pick(g, [-100, -1, c - 1]) if ignored else -100
     if ignored and ignore_index < 0:
         target[torch.randperm(n, generator=g)[: randint(g, 1, n - 1)]] = ignore_index
     elif ignored:
         target[randint(g, 0, n - 1)] = ignore_index
+    if c > 1:
+        # A loss below 0.1 (a target logit far above the rest) is log(1 + e) of a sum 1 + e that float32 rounds to
+        # 1.2e-7, in a way the summation order decides, against a tolerance of 1e-7 + 1e-5 * loss: such a sample
+        # takes the class of its smallest logit (not ignore_index) as its target instead (issue 35).
+        drawn = logits.to(dtype).double()
+        kept = target != ignore_index
+        loss = drawn.logsumexp(1) - drawn.gather(1, target.clamp(0, c - 1)[:, None]).squeeze(1)
+        lowest = drawn.masked_fill(torch.arange(c) == ignore_index, float("inf")).argmin(1)
+        target = torch.where(kept & (loss < 0.1), lowest, target)
     return {"logits": logits.to(dtype), "target": target, "ignore_index": ignore_index}
 
+
+_CROSS_ENTROPY_LITERAL = """
+def cross_entropy(logits, target, ignore_index):
+    N, C = logits.shape
+    m = logits.amax(1)
+    lse = torch.log(torch.exp(logits - m[:, None]).sum(1))
+    ignored = target == ignore_index
+    t = torch.where(ignored, torch.zeros_like(target), target)
+    loss = lse - (logits[torch.arange(N), t] - m)
+    return torch.where(ignored, torch.zeros_like(loss), loss)
+"""
 
 CROSS_ENTROPY = FunctionFamily(
     "losses/cross_entropy_per_sample_fn", "cross_entropy", ("logits", "target", "ignore_index"),
@@ -388,8 +491,9 @@ CROSS_ENTROPY = FunctionFamily(
             "    loss = torch.logsumexp(logits, 1) - logits.gather(1, t[:, None]).squeeze(1)\n"
             "    return torch.where(keep, loss, torch.zeros_like(loss))\n",
     },
+    also_correct={"literal": _CROSS_ENTROPY_LITERAL.lstrip(),
+                  "by_hand": 'def cross_entropy(logits, target, ignore_index):\n    keep = target != ignore_index\n    t = torch.where(keep, target, torch.zeros_like(target))\n    shifted = logits - logits.amax(1, keepdim=True)\n    loss = torch.log(torch.exp(shifted).sum(1)) - shifted.gather(1, t[:, None]).squeeze(1)\n    return torch.where(keep, loss, torch.zeros_like(loss))\n'},
     hint="`torch.nn.functional.cross_entropy` with `ignore_index` and `reduction='none'`.",
-    also_correct={"by_hand": 'def cross_entropy(logits, target, ignore_index):\n    keep = target != ignore_index\n    t = torch.where(keep, target, torch.zeros_like(target))\n    shifted = logits - logits.amax(1, keepdim=True)\n    loss = torch.log(torch.exp(shifted).sum(1)) - shifted.gather(1, t[:, None]).squeeze(1)\n    return torch.where(keep, loss, torch.zeros_like(loss))\n'},
 )
 
 
@@ -400,6 +504,20 @@ def _smooth(g, *, beta=None, reduction="none", dtype=torch.float32):
     target = pred + normal(g, *shape, scale=max(beta, 0.5) * 1.5)
     return {"pred": pred.to(dtype), "target": target.to(dtype), "beta": beta, "reduction": reduction}
 
+
+_SMOOTH_L1_LITERAL = """
+def smooth_l1(pred, target, beta, reduction):
+    d = pred - target
+    if beta == 0:
+        loss = d.abs()
+    else:
+        loss = torch.where(d.abs() < beta, 0.5 * d ** 2 / beta, d.abs() - 0.5 * beta)
+    if reduction == 'mean':
+        return loss.sum() / loss.numel()
+    if reduction == 'sum':
+        return loss.sum()
+    return loss
+"""
 
 SMOOTH_L1 = FunctionFamily(
     "losses/smooth_l1_fn", "smooth_l1", ("pred", "target", "beta", "reduction"),
@@ -427,8 +545,9 @@ SMOOTH_L1 = FunctionFamily(
             "def smooth_l1(pred, target, beta, reduction):\n"
             "    return torch.nn.functional.smooth_l1_loss(pred, target, reduction='none', beta=beta)\n",
     },
+    also_correct={"literal": _SMOOTH_L1_LITERAL.lstrip(),
+                  "by_hand": "def smooth_l1(pred, target, beta, reduction):\n    d = (pred - target).abs()\n    loss = torch.where(d < beta, 0.5 * d * d / max(beta, 1e-30), d - 0.5 * beta)\n    return loss.mean() if reduction == 'mean' else loss.sum() if reduction == 'sum' else loss\n"},
     hint="`torch.nn.functional.smooth_l1_loss`.",
-    also_correct={"by_hand": "def smooth_l1(pred, target, beta, reduction):\n    d = (pred - target).abs()\n    loss = torch.where(d < beta, 0.5 * d * d / max(beta, 1e-30), d - 0.5 * beta)\n    return loss.mean() if reduction == 'mean' else loss.sum() if reduction == 'sum' else loss\n"},
 )
 
 # ---------------------------------------------------------------- optim
@@ -441,6 +560,24 @@ def _sgd(g, *, momentum=None, dampening=0.0, nesterov=False, steps=None, dtype=t
             "y": normal(g, n, o, dtype=dtype), "lr": pick(g, [0.05, 0.1, 0.2]), "momentum": momentum,
             "dampening": dampening, "nesterov": nesterov, "steps": randint(g, 2, 4) if steps is None else steps}
 
+
+_SGD_MOMENTUM_LITERAL = """
+def sgd(w, x, y, lr, momentum, dampening, nesterov, steps):
+    w = w.clone()
+    buf = None
+    for _ in range(steps):
+        with torch.enable_grad():
+            wg = w.detach().requires_grad_()
+            loss = ((x @ wg.T - y) ** 2).mean()
+            g, = torch.autograd.grad(loss, wg)
+        if momentum == 0:
+            direction = g
+        else:
+            buf = g if buf is None else momentum * buf + (1 - dampening) * g
+            direction = g + momentum * buf if nesterov else buf
+        w = w - lr * direction
+    return w
+"""
 
 SGD_MOMENTUM = FunctionFamily(
     "optim/sgd_momentum_fn", "sgd", ("w", "x", "y", "lr", "momentum", "dampening", "nesterov", "steps"),
@@ -497,6 +634,7 @@ SGD_MOMENTUM = FunctionFamily(
             "        opt.step()\n"
             "    return w.detach().clone()\n",
     },
+    also_correct={"literal": _SGD_MOMENTUM_LITERAL.lstrip()},
     hint="`torch.optim.SGD` on a `torch.nn.Parameter` copy of `w`, zeroing the gradient each step.",
 )
 

@@ -52,6 +52,29 @@ _CE_REF = (
     "    return losses.sum() / total if bool(keep.any()) else torch.zeros((), dtype=logits.dtype)\n"
 )
 
+_CROSS_ENTROPY_LITERAL = """
+def cross_entropy(logits, target, weight, ignore_index, label_smoothing, reduction):
+    N, C = logits.shape
+    eps = label_smoothing
+    lp = torch.log_softmax(logits, dim=1)
+    w = weight if weight is not None else torch.ones(C, dtype=logits.dtype)
+    losses = torch.zeros(N, dtype=logits.dtype)
+    total_weight = torch.zeros((), dtype=logits.dtype)
+    for i in range(N):
+        t = int(target[i])
+        if t == ignore_index:
+            continue
+        losses[i] = (1 - eps) * (-w[t] * lp[i, t]) + (eps / C) * (-w * lp[i]).sum()
+        total_weight = total_weight + w[t]
+    if reduction == 'none':
+        return losses
+    if reduction == 'sum':
+        return losses.sum()
+    if not (target != ignore_index).any():
+        return torch.zeros((), dtype=logits.dtype)
+    return losses.sum() / total_weight
+"""
+
 CROSS_ENTROPY = FunctionFamily(
     "losses/cross_entropy_fn", "cross_entropy",
     ("logits", "target", "weight", "ignore_index", "label_smoothing", "reduction"),
@@ -87,6 +110,7 @@ CROSS_ENTROPY = FunctionFamily(
         "mean_by_count": _CE_REF.replace("torch.where(keep, w[t], torch.zeros_like(nll)).sum()",
                                          "keep.sum().to(logits.dtype)"),
     },
+    also_correct={"literal": _CROSS_ENTROPY_LITERAL.lstrip()},
     hint="`torch.log_softmax`; `torch.nn.functional.cross_entropy` has weight, ignore_index and "
          "label_smoothing, but guard the all-ignored mean.",
     allowed=(SOFTMAX,),
@@ -165,6 +189,36 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction
     return (losses / target_lengths.clamp(min=1).to(losses.dtype)).mean()
 """
 
+_CTC_LOSS_LITERAL = """
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):
+    T, N, C = log_probs.shape
+    losses = []
+    for n in range(N):
+        steps, S = int(input_lengths[n]), int(target_lengths[n])
+        ext = [blank]
+        for label in targets[n, :S].tolist():
+            ext += [label, blank]
+        # alpha[s]: the total probability of the paths over the steps so far that collapse to the
+        # labels of ext[:s + 1]; a path may stay, move one on, or skip a blank between two labels that differ
+        skip = torch.tensor([s >= 2 and ext[s] != blank and ext[s] != ext[s - 2] for s in range(len(ext))])
+        p = log_probs[:steps, n][:, ext].exp()
+        alpha = torch.zeros(len(ext), dtype=log_probs.dtype)
+        alpha[:2] = p[0, :2]
+        zero = torch.zeros(2, dtype=log_probs.dtype)
+        for t in range(1, steps):
+            one = torch.cat([zero[:1], alpha[:-1]])
+            two = torch.where(skip, torch.cat([zero, alpha])[:len(ext)], zero[:1])
+            alpha = (alpha + one + two) * p[t]
+        loss = -torch.log(alpha[-2:].sum())
+        losses.append(torch.zeros_like(loss) if torch.isinf(loss) else loss)
+    losses = torch.stack(losses)
+    if reduction == 'none':
+        return losses
+    if reduction == 'sum':
+        return losses.sum()
+    return (losses / target_lengths.clamp(min=1).to(losses.dtype)).mean()
+"""
+
 CTC_LOSS = FunctionFamily(
     "losses/ctc_loss_fn", "ctc_loss", ("log_probs", "targets", "input_lengths", "target_lengths", "blank", "reduction"),
     "`log_probs` is a float tensor of shape (T, N, C) (T, N >= 1, C >= 2; float32 or float64) holding "
@@ -200,7 +254,7 @@ CTC_LOSS = FunctionFamily(
             "    return out if reduction == 'none' else out.sum() if reduction == 'sum' else out.mean()\n",
         "blank_zero": _CTC_REF.replace("blank=blank", "blank=0"),
     },
-    also_correct={"by_hand": _CTC_LOSS_BY_HAND.lstrip()},
+    also_correct={"literal": _CTC_LOSS_LITERAL.lstrip(), "by_hand": _CTC_LOSS_BY_HAND.lstrip()},
     hint="`torch.nn.functional.ctc_loss(..., zero_infinity=True)`; or the forward (alpha) recursion over "
          "the label sequence with blanks inserted, in log space (`torch.logsumexp`).",
     allowed=(LOGSUMEXP,),
@@ -261,6 +315,32 @@ _ATTN_REF = (
     "    return p @ v\n"
 )
 
+_ATTENTION_ALIBI_LITERAL = """
+def attention_alibi(q, k, v, slopes, attn_mask, key_padding_mask):
+    import math
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    i, j = torch.arange(Lq)[:, None], torch.arange(Lk)[None, :]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D) - slopes[:, None, None] * (i - j).abs().to(q.dtype)
+    allowed = torch.ones(B, H, Lq, Lk, dtype=torch.bool)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        allowed = allowed & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]
+    out = torch.zeros(B, H, Lq, v.shape[-1], dtype=q.dtype)
+    for b in range(B):
+        for h in range(H):
+            for qi in range(Lq):
+                keys = allowed[b, h, qi]
+                if not keys.any():
+                    continue
+                weights = torch.softmax(scores[b, h, qi][keys], 0)
+                out[b, h, qi] = weights @ v[b, h][keys]
+    return out
+"""
+
 ATTENTION_ALIBI = FunctionFamily(
     "nn_modules/attention_alibi_fn", "attention_alibi", ("q", "k", "v", "slopes", "attn_mask", "key_padding_mask"),
     "`q` is a float tensor of shape (B, H, Lq, D), `k` of shape (B, H, Lk, D) and `v` of shape (B, H, Lk, Dv) "
@@ -294,6 +374,7 @@ ATTENTION_ALIBI = FunctionFamily(
             "    return F.scaled_dot_product_attention(q, k, v, attn_mask=m)\n",
         "padding_inverted": _ATTN_REF.replace("& ~key_padding_mask", "& key_padding_mask"),
     },
+    also_correct={"literal": _ATTENTION_ALIBI_LITERAL.lstrip()},
     hint="build the (Lq, Lk) distance matrix with `torch.arange`; a masked softmax that leaves rows with no "
          "allowed key at zero (subtract the row maximum over allowed keys, then `torch.exp`).",
 )
@@ -315,6 +396,19 @@ def _grid(g, *, mode=None, padding=None, align=None, outside=False, tiny=False, 
             "mode": mode or pick(g, ["bilinear", "nearest"]),
             "padding_mode": padding or pick(g, ["zeros", "border"]),
             "align_corners": bool(randint(g, 0, 1)) if align is None else align}
+
+
+def _nearest_tie(g, dtype=torch.float32):
+    """A "nearest" draw whose first grid point lies exactly halfway between pixel columns 0 and 1
+    (ix = 0.5, which rounds half to even to 0 and half up to 1): gx is dyadic, so every order of the
+    contract's formula computes ix exactly in float32, and the tie rule decides (issue 35)."""
+    args = _grid(g, mode="nearest", dtype=dtype)
+    align = args["align_corners"]
+    w = pick(g, [2, 3] if align else [2, 4])
+    n, c, h, _ = args["input"].shape
+    args["input"] = uniform(g, 1.0, 2.0, n, c, h, w, dtype=dtype)
+    args["grid"][0, 0, 0, 0] = 1 / (w - 1) - 1 if align else 2 / w - 1
+    return args
 
 
 _GRID_REF = (
@@ -355,6 +449,35 @@ def grid_sample(input, grid, mode, padding_mode, align_corners):
     return out
 """
 
+_GRID_SAMPLE_LITERAL = """
+def grid_sample(input, grid, mode, padding_mode, align_corners):
+    N, C, H, W = input.shape
+    gx, gy = grid[..., 0], grid[..., 1]
+    if align_corners:
+        ix, iy = (gx + 1) / 2 * (W - 1), (gy + 1) / 2 * (H - 1)
+    else:
+        ix, iy = ((gx + 1) * W - 1) / 2, ((gy + 1) * H - 1) / 2
+    if padding_mode == 'border':
+        ix, iy = ix.clamp(0, W - 1), iy.clamp(0, H - 1)
+
+    def pixel(x, y):  # input[n, :, y, x] per sampling point, 0 outside the image: (N, C, Ho, Wo)
+        inside = (x >= 0) & (x < W) & (y >= 0) & (y < H)
+        xs, ys = x.clamp(0, W - 1).long(), y.clamp(0, H - 1).long()
+        n = torch.arange(N)[:, None, None]
+        values = input[n, :, ys, xs].permute(0, 3, 1, 2)
+        return torch.where(inside[:, None], values, torch.zeros_like(values))
+
+    if mode == 'nearest':
+        return pixel(torch.round(ix), torch.round(iy))
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    out = torch.zeros(N, C, *ix.shape[1:], dtype=input.dtype)
+    for x in (x0, x0 + 1):
+        for y in (y0, y0 + 1):
+            weight = (1 - (ix - x).abs()) * (1 - (iy - y).abs())
+            out = out + pixel(x, y) * weight[:, None]
+    return out
+"""
+
 GRID_SAMPLE = FunctionFamily(
     "nn_modules/grid_sample_fn", "grid_sample", ("input", "grid", "mode", "padding_mode", "align_corners"),
     "`input` is a float tensor of shape (N, C, H, W) (all >= 1; float32 or float64) and `grid` a tensor of "
@@ -370,7 +493,7 @@ GRID_SAMPLE = FunctionFamily(
     "\"border\" only taps of weight 0 can fall outside, with \"zeros\" any can. Return a tensor of shape (N, C, Ho, Wo) with the dtype of `input`. A size-1 dim (H = 1) is valid.",
     (
         Case("typical bilinear", "blends the four pixels", lambda g: _grid(g, mode="bilinear")),
-        Case("nearest", "rounding halves to even", lambda g: _grid(g, mode="nearest")),
+        Case("nearest", "rounding halves to even", lambda g: _nearest_tie(g)),
         Case("align_corners True", "the centres of the corner pixels", lambda g: _grid(g, align=True)),
         Case("out-of-range grid points", "(out-of-range grid points)", lambda g: _grid(g, outside=True, padding="zeros")),
         Case("border padding", "With \"border\"", lambda g: _grid(g, outside=True, padding="border")),
@@ -382,8 +505,10 @@ GRID_SAMPLE = FunctionFamily(
         "align_corners_swapped": _GRID_REF.replace("align_corners=align_corners)", "align_corners=not align_corners)"),
         "zeros_always": _GRID_REF.replace("padding_mode=padding_mode", "padding_mode='zeros'"),
         "xy_swapped": _GRID_REF.replace("F.grid_sample(input, grid,", "F.grid_sample(input, grid.flip(-1),"),
+        "nearest_half_up": _GRID_SAMPLE_BY_HAND.lstrip().replace("tap(torch.round(ix).long(), torch.round(iy).long())",
+                                                                 "tap(torch.floor(ix + 0.5).long(), torch.floor(iy + 0.5).long())"),
     },
-    also_correct={"by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
+    also_correct={"literal": _GRID_SAMPLE_LITERAL.lstrip(), "by_hand": _GRID_SAMPLE_BY_HAND.lstrip()},
     hint="unnormalise the grid, then gather with integer indices (`torch.floor`, `torch.round`, `clamp`); "
          "`torch.nn.functional.grid_sample` states the same conventions.",
 )
@@ -395,12 +520,19 @@ GRID_SAMPLE = FunctionFamily(
 # autograd.
 
 
+# grad_x of a normalisation is grad_out less its projection on the normalised values: with 3 values a row
+# (D = 3, or N*L = 3) it often cancels to near 0, where a float32 formula errs by about 30 roundings of
+# |grad_out| whatever its order (autograd over the forward written out, the closed form, torch's kernel).
+# At this scale that is a tenth of the absolute tolerance; at 0.05 it came within 0.92 of it (issue 35).
+GRAD_OUT_SCALE = 0.005
+
+
 def _ln(g, *, rank=2, d=None, dtype=torch.float32, big_eps=False):
     lead = [randint(g, 1, 4)] + ([randint(g, 1, 3)] if rank == 3 else [])
     d = randint(g, 3, 6) if d is None else d  # D = 2 has grad_x = 0 exactly: all cancellation
     return {"x": normal(g, *lead, d, dtype=dtype), "weight": uniform(g, 0.5, 1.5, d, dtype=dtype),
             "bias": normal(g, d, dtype=dtype), "eps": pick(g, [0.1, 1.0]) if big_eps or d == 1 else 1e-5,
-            "grad_out": normal(g, *lead, d, scale=0.05, dtype=dtype)}
+            "grad_out": normal(g, *lead, d, scale=GRAD_OUT_SCALE, dtype=dtype)}
 
 
 _LN_REF = (
@@ -413,6 +545,16 @@ _LN_REF = (
     "    grad_x = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))\n"
     "    return grad_x, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n"
 )
+
+_LAYER_NORM_BACKWARD_LITERAL = """
+def layer_norm_backward(x, weight, bias, eps, grad_out):
+    with torch.enable_grad():
+        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        y = (x - mean) / torch.sqrt(var + eps) * weight + bias
+        return torch.autograd.grad((grad_out * y).sum(), (x, weight, bias))
+"""
 
 LAYER_NORM_BACKWARD = FunctionFamily(
     "autograd/layer_norm_backward_fn", "layer_norm_backward", ("x", "weight", "bias", "eps", "grad_out"),
@@ -451,6 +593,7 @@ LAYER_NORM_BACKWARD = FunctionFamily(
     hint="with xhat = (x - mean) * rstd and g = grad_out * weight: grad_x = rstd * (g - mean(g) - xhat * "
          "mean(g * xhat)) over the last dim; grad_weight sums grad_out * xhat over the other dims.",
     also_correct={
+        "literal": _LAYER_NORM_BACKWARD_LITERAL.lstrip(),
         "autograd_over_layer_norm":
             "def layer_norm_backward(x, weight, bias, eps, grad_out):\n"
             "    with torch.enable_grad():\n"
@@ -493,6 +636,20 @@ _MSB_REF = (
     "    return (y * (grad_out - dot) / temperature,)\n"
 )
 
+_MASKED_SOFTMAX_BACKWARD_LITERAL = """
+def masked_softmax_backward(x, mask, temperature, grad_out):
+    with torch.enable_grad():
+        x = x.detach().requires_grad_()
+        z = x / temperature
+        top = torch.where(mask, z, torch.full_like(z, float('-inf'))).amax(1, keepdim=True)
+        top = torch.where(torch.isinf(top), torch.zeros_like(top), top).detach()
+        e = torch.where(mask, torch.exp(torch.where(mask, z, top) - top), torch.zeros_like(z))
+        s = e.sum(1, keepdim=True)
+        y = e / torch.where(s > 0, s, torch.ones_like(s))
+        grad, = torch.autograd.grad((grad_out * y).sum(), x)
+    return (grad,)
+"""
+
 MASKED_SOFTMAX_BACKWARD = FunctionFamily(
     "autograd/masked_softmax_backward_fn", "masked_softmax_backward", ("x", "mask", "temperature", "grad_out"),
     "`x` is a float tensor of shape (R, C) (R, C >= 1; float32 or float64), `mask` a bool tensor of the same "
@@ -519,6 +676,7 @@ MASKED_SOFTMAX_BACKWARD = FunctionFamily(
                                        .replace("torch.where(mask, torch.exp(z - top), torch.zeros_like(z))",
                                                 "torch.exp(z - top)"),
     },
+    also_correct={"literal": _MASKED_SOFTMAX_BACKWARD_LITERAL.lstrip()},
     hint="with y the masked softmax, grad_x = y * (grad_out - sum(y * grad_out)) / temperature per row.",
     own_gradient=True,
 )
@@ -537,7 +695,7 @@ def _bn(g, *, rank=2, n=None, dtype=torch.float32):
     n = randint(g, 3, 5) if n is None else n
     shape = [n, c] + ([randint(g, 3, 4)] if rank == 3 else [])  # a count of 2 has grad_x = 0 exactly
     return {"x": normal(g, *shape, dtype=dtype), "weight": uniform(g, 0.5, 1.5, c, dtype=dtype),
-            "bias": normal(g, c, dtype=dtype), "eps": 1e-5, "grad_out": normal(g, *shape, scale=0.05, dtype=dtype)}
+            "bias": normal(g, c, dtype=dtype), "eps": 1e-5, "grad_out": normal(g, *shape, scale=GRAD_OUT_SCALE, dtype=dtype)}
 
 
 _BN_REF = (
@@ -551,6 +709,18 @@ _BN_REF = (
     "    grad_x = rstd * (g - g.mean(dims, keepdim=True) - xhat * (g * xhat).mean(dims, keepdim=True))\n"
     "    return grad_x, (grad_out * xhat).sum(dims), grad_out.sum(dims)\n"
 )
+
+_BATCH_NORM_BACKWARD_LITERAL = """
+def batch_norm_backward(x, weight, bias, eps, grad_out):
+    dims = (0, 2) if x.dim() == 3 else (0,)
+    shape = (1, -1, 1) if x.dim() == 3 else (1, -1)
+    with torch.enable_grad():
+        x, weight, bias = (t.detach().requires_grad_() for t in (x, weight, bias))
+        mean = x.mean(dims, keepdim=True)
+        var = ((x - mean) ** 2).mean(dims, keepdim=True)
+        y = (x - mean) / torch.sqrt(var + eps) * weight.reshape(shape) + bias.reshape(shape)
+        return torch.autograd.grad((grad_out * y).sum(), (x, weight, bias))
+"""
 
 BATCH_NORM_BACKWARD = FunctionFamily(
     "autograd/batch_norm_backward_fn", "batch_norm_backward", ("x", "weight", "bias", "eps", "grad_out"),
@@ -591,6 +761,7 @@ BATCH_NORM_BACKWARD = FunctionFamily(
     hint="with xhat = (x - mean) * rstd and g = grad_out * weight per channel: grad_x = rstd * (g - mean(g) - "
          "xhat * mean(g * xhat)), the means over dims 0 and 2.",
     also_correct={
+        "literal": _BATCH_NORM_BACKWARD_LITERAL.lstrip(),
         "autograd_over_batch_norm":
             "def batch_norm_backward(x, weight, bias, eps, grad_out):\n"
             "    with torch.enable_grad():\n"
@@ -633,6 +804,16 @@ _RNN_REF = (
     "    return dz @ w_ih, dz @ w_hh, dz.T @ x, dz.T @ h, dz.sum(0), dz.sum(0)\n"
 )
 
+_RNN_CELL_BACKWARD_LITERAL = """
+def rnn_cell_backward(x, h, w_ih, w_hh, b_ih, b_hh, nonlinearity, grad_h):
+    with torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (x, h, w_ih, w_hh, b_ih, b_hh)]
+        x, h, w_ih, w_hh, b_ih, b_hh = inputs
+        z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh
+        h_new = torch.tanh(z) if nonlinearity == 'tanh' else torch.relu(z)
+        return torch.autograd.grad((grad_h * h_new).sum(), inputs)
+"""
+
 RNN_CELL_BACKWARD = FunctionFamily(
     "autograd/rnn_cell_backward_fn", "rnn_cell_backward",
     ("x", "h", "w_ih", "w_hh", "b_ih", "b_hh", "nonlinearity", "grad_h"),
@@ -656,6 +837,7 @@ RNN_CELL_BACKWARD = FunctionFamily(
         "derivative_of_previous_h": _RNN_REF.replace("(1 - torch.tanh(z) ** 2)", "(1 - h ** 2)"),
         "bias_grad_mean": _RNN_REF.replace("dz.sum(0), dz.sum(0)", "dz.mean(0), dz.mean(0)"),
     },
+    also_correct={"literal": _RNN_CELL_BACKWARD_LITERAL.lstrip()},
     hint="z = x @ w_ih.T + b_ih + h @ w_hh.T + b_hh; dz = grad_h * act'(z); then each gradient is a "
          "matrix product of dz with the other factor (or its sum over the batch).",
     float64_margin=True,
@@ -715,6 +897,26 @@ def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation,
     return out if bias is None else out + bias[None, :, None]
 """
 
+_CONV_TRANSPOSE1D_LITERAL = """
+def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):
+    N, Cin, L = x.shape
+    _, Cog, K = weight.shape
+    s, p, op, d, G = stride, padding, output_padding, dilation, groups
+    Cig = Cin // G
+    Lout = (L - 1) * s - 2 * p + d * (K - 1) + op + 1
+    out = torch.zeros(N, G, Cog, Lout, dtype=x.dtype)
+    xg = x.reshape(N, G, Cig, L)
+    wg = weight.reshape(G, Cig, Cog, K)
+    for l in range(L):
+        for k in range(K):
+            t = l * s - p + k * d
+            if 0 <= t < Lout:
+                # the sum over the group's input channels c of x[n, c, l] * weight[c, o, k]
+                out[:, :, :, t] += (xg[:, :, :, l, None] * wg[None, :, :, :, k]).sum(2)
+    out = out.reshape(N, G * Cog, Lout)
+    return out if bias is None else out + bias[None, :, None]
+"""
+
 CONV_TRANSPOSE1D = FunctionFamily(
     "nn_modules/conv_transpose1d_fn", "conv_transpose1d",
     ("x", "weight", "bias", "stride", "padding", "output_padding", "dilation", "groups"),
@@ -747,7 +949,7 @@ CONV_TRANSPOSE1D = FunctionFamily(
             "    return F.conv_transpose1d(x, w, b, stride=stride, padding=padding,\n"
             "                              output_padding=output_padding, dilation=dilation)\n",
     },
-    also_correct={"by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
+    also_correct={"literal": _CONV_TRANSPOSE1D_LITERAL.lstrip(), "by_hand": _CONV_TRANSPOSE1D_BY_HAND.lstrip()},
     hint="scatter-add each input position's x[n, c, l] * weight[c, o, :] into the output at l*s - p + k*d; "
          "`torch.nn.functional.conv_transpose1d` states the same sizes.",
     allowed=(SCATTER,),
@@ -791,6 +993,24 @@ _GN_REF = (
     "    return out\n"
 )
 
+_GROUP_NORM_LITERAL = """
+def group_norm(x, num_groups, weight, bias, eps, lengths):
+    N, C, L = x.shape
+    per = C // num_groups
+    out = torch.zeros_like(x)
+    for n in range(N):
+        t = int(lengths[n])
+        for gi in range(num_groups):
+            channels = slice(gi * per, (gi + 1) * per)
+            part = x[n, channels, :t]
+            if part.numel() == 0:
+                continue
+            mean = part.sum() / part.numel()
+            var = ((part - mean) ** 2).sum() / part.numel()
+            out[n, channels, :t] = (part - mean) / torch.sqrt(var + eps) * weight[channels, None] + bias[channels, None]
+    return out
+"""
+
 GROUP_NORM = FunctionFamily(
     "nn_modules/group_norm_lengths_fn", "group_norm", ("x", "num_groups", "weight", "bias", "eps", "lengths"),
     "`x` is a float tensor of shape (N, C, L) (float32 or float64; N, C, L >= 1) holding padded sequences, "
@@ -818,6 +1038,7 @@ GROUP_NORM = FunctionFamily(
             "    return torch.where(valid, y, torch.zeros_like(y))\n",
         "padding_not_zeroed": _GN_REF.replace("out = torch.zeros_like(x)", "out = x.clone()"),
     },
+    also_correct={"literal": _GROUP_NORM_LITERAL.lstrip()},
     hint="a valid-position mask from `torch.arange(L) < lengths[:, None]`; masked sums and counts per group "
          "(reshape to (N, G, C/G, L)).",
 )

@@ -1,6 +1,8 @@
 """Function families of the intermediate tier: the intermediate result families' maths as functions
 over any valid input, with the edge cases their result forms avoid."""
 
+import math
+
 import torch
 
 from ptenv.tasks.families import away_from_zero, normal, pick, randint, uniform
@@ -14,6 +16,16 @@ def _segments(g, n, s, empty: int = 0, dtype=torch.float32, d=None):
     seg = used[torch.randint(0, len(used), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
     return {"x": normal(g, n, d, dtype=dtype), "seg": seg, "num_segments": s}
 
+
+_SEGMENT_MEAN_LITERAL = """
+def segment_mean(x, seg, num_segments):
+    out = torch.zeros(num_segments, x.shape[1], dtype=x.dtype)
+    for s in range(num_segments):
+        rows = x[seg == s]
+        if len(rows):
+            out[s] = rows.mean(0)
+    return out
+"""
 
 SEGMENT_MEAN = FunctionFamily(
     "tensor_ops/segment_mean_fn", "segment_mean", ("x", "seg", "num_segments"),
@@ -48,6 +60,7 @@ SEGMENT_MEAN = FunctionFamily(
             "def segment_mean(x, seg, num_segments):\n"
             "    return torch.stack([x[seg == s].mean(0) for s in seg.unique()])\n",
     },
+    also_correct={"literal": _SEGMENT_MEAN_LITERAL.lstrip()},
     hint="`Tensor.index_add_` sums rows by index; count the rows the same way.",
     allowed=(SCATTER,),
 )
@@ -61,6 +74,19 @@ def _masked(g, rows, cols, *, empty_row=False, large=False, dtype=torch.float32)
     scale = uniform(g, 200.0, 800.0, rows, 1) if large else torch.zeros(rows, 1)
     return {"x": (scale + normal(g, rows, cols, scale=1.5)).to(dtype), "mask": mask}
 
+
+_MASKED_SOFTMAX_LITERAL = """
+def masked_softmax(x, mask):
+    out = torch.zeros_like(x)
+    for i in range(x.shape[0]):
+        if not mask[i].any():
+            continue
+        m = x[i][mask[i]].max()
+        e = torch.exp(torch.where(mask[i], x[i], m) - m)
+        e = torch.where(mask[i], e, torch.zeros_like(e))
+        out[i] = e / e.sum()
+    return out
+"""
 
 MASKED_SOFTMAX = FunctionFamily(
     "nn_modules/masked_softmax_fn", "masked_softmax", ("x", "mask"),
@@ -91,6 +117,7 @@ MASKED_SOFTMAX = FunctionFamily(
             "    s = e.sum(1, keepdim=True)\n"
             "    return torch.where(s > 0, e / s, torch.zeros_like(e))\n",
     },
+    also_correct={"literal": _MASKED_SOFTMAX_LITERAL.lstrip()},
     hint="subtract each row's largest allowed value before `torch.exp`.",
 )
 
@@ -107,6 +134,14 @@ def _pairwise(g, n=None, d=None, shared=False, dtype=torch.float32):
             b[j] = a[randint(g, 0, n - 1)] + (normal(g, d, scale=1e-3, dtype=dtype) if randint(g, 0, 1) else 0.0)
     return {"a": a, "b": b}
 
+
+_PAIRWISE_DISTANCE_LITERAL = """
+def pairwise_distance(a, b):
+    out = torch.empty(a.shape[0], b.shape[0], dtype=a.dtype)
+    for j in range(b.shape[0]):
+        out[:, j] = ((a - b[j]) ** 2).sum(1).sqrt()
+    return out
+"""
 
 PAIRWISE_DISTANCE = FunctionFamily(
     "tensor_ops/pairwise_distance_fn", "pairwise_distance", ("a", "b"),
@@ -134,6 +169,7 @@ PAIRWISE_DISTANCE = FunctionFamily(
             "    sq = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T\n"
             "    return sq.clamp(min=0).sqrt()\n",
     },
+    also_correct={"literal": _PAIRWISE_DISTANCE_LITERAL.lstrip()},
     hint="broadcast `a[:, None, :] - b[None, :, :]`, or `torch.cdist`.",
 )
 
@@ -148,6 +184,17 @@ def _topk(g, *, ties=False, k=None, dtype=torch.float32):
         x, fill = normal(g, r, c, dtype=dtype), pick(g, [-1.0, 0.0, -5.0])
     return {"x": x, "k": randint(g, 2, c - 2) if k is None else (c if k == "C" else k), "fill": fill}
 
+
+_TOPK_KEEP_LITERAL = """
+def topk_keep(x, k, fill):
+    C = x.shape[1]
+    column = torch.arange(C)
+    a, b = x[:, :, None], x[:, None, :]  # a: element j, b: element l
+    # l outranks j when it is larger, or equal and at a lower column
+    ahead = (b > a) | ((b == a) & (column[None, :] < column[:, None]))
+    keep = ahead.sum(-1) < k
+    return torch.where(keep, x, torch.full_like(x, fill))
+"""
 
 TOPK_KEEP = FunctionFamily(
     "tensor_ops/topk_keep_fn", "topk_keep", ("x", "k", "fill"),
@@ -180,6 +227,7 @@ TOPK_KEEP = FunctionFamily(
             "    keep = torch.zeros(x.shape, dtype=torch.bool).scatter(1, idx, torch.ones(idx.shape, dtype=torch.bool))\n"
             "    return torch.where(keep, x, torch.full_like(x, fill))\n",
     },
+    also_correct={"literal": _TOPK_KEEP_LITERAL.lstrip()},
     hint="`torch.sort(..., descending=True, stable=True)` gives the kept indices; `scatter` marks them.",
     allowed=(SORT, SCATTER),
 )
@@ -200,6 +248,19 @@ def _divmod(g, *, negative=False, exact=False, large=False, dtype=torch.int64):
     shape = pick(g, [(n,), (1, n)]) if not large else (n,)
     return {"a": a.to(dtype).reshape(shape), "b": b.to(dtype).reshape(shape)}
 
+
+_DIVISION_MODES_LITERAL = """
+def division_modes(a, b):
+    floor_q, floor_r, trunc_q, trunc_r = [], [], [], []
+    for p, q in zip(a.flatten().tolist(), b.flatten().tolist()):
+        f = p // q
+        t = abs(p) // abs(q) * (1 if (p < 0) == (q < 0) else -1)
+        floor_q.append(f)
+        floor_r.append(p - q * f)
+        trunc_q.append(t)
+        trunc_r.append(p - q * t)
+    return torch.tensor([floor_q, floor_r, trunc_q, trunc_r], dtype=a.dtype).reshape(4, *a.shape)
+"""
 
 DIVISION_MODES = FunctionFamily(
     "tensor_ops/division_modes_fn", "division_modes", ("a", "b"),
@@ -236,6 +297,7 @@ DIVISION_MODES = FunctionFamily(
             "    q_trunc = torch.div(a, b, rounding_mode='trunc')\n"
             "    return torch.stack([q_floor, torch.fmod(a, b), q_trunc, torch.fmod(a, b)])\n",
     },
+    also_correct={"literal": _DIVISION_MODES_LITERAL.lstrip()},
     hint="`torch.div(a, b, rounding_mode=...)` with 'floor' and 'trunc'.",
 )
 
@@ -246,6 +308,12 @@ def _lse(g, shape, dim, *, offset=None, dtype=torch.float32):
         x = x * 10.0 + offset
     return {"x": x.to(dtype), "dim": dim}
 
+
+_LOGSUMEXP_LITERAL = """
+def logsumexp(x, dim):
+    m = x.amax(dim, keepdim=True)
+    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)
+"""
 
 LOGSUMEXP = FunctionFamily(
     "nn_modules/logsumexp_extreme_fn", "logsumexp", ("x", "dim"),
@@ -279,8 +347,9 @@ LOGSUMEXP = FunctionFamily(
             "def logsumexp(x, dim):\n"
             "    return x.amax(dim)\n",
     },
+    also_correct={"literal": _LOGSUMEXP_LITERAL.lstrip(),
+                  "by_hand": 'def logsumexp(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)\n'},
     hint="subtract the maximum along `dim` before `torch.exp`, or `torch.logsumexp`.",
-    also_correct={"by_hand": 'def logsumexp(x, dim):\n    m = x.amax(dim, keepdim=True)\n    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)\n'},
 )
 
 
@@ -293,9 +362,26 @@ def _attention(g, *, empty=False, full=False, t=None, dtype=torch.float32):
         lengths[randint(g, 0, b - 1)] = randint(g, 1, t - 1)  # some padding
     if empty:
         lengths[randint(g, 0, b - 1)] = 0
-    return {"q": normal(g, b, t, d, dtype=dtype), "k": normal(g, b, t, d, dtype=dtype), "v": normal(g, b, t, e, dtype=dtype),
-            "lengths": lengths}
+    # Positive values: an output is a weighted average of them, never a sum cancelling near 0, where another
+    # float32 order of the same sums would differ by a good part of the tolerance (issue 35).
+    return {"q": normal(g, b, t, d, dtype=dtype), "k": normal(g, b, t, d, dtype=dtype),
+            "v": uniform(g, 0.5, 1.5, b, t, e, dtype=dtype), "lengths": lengths}
 
+
+_CAUSAL_ATTENTION_LITERAL = """
+def attention(q, k, v, lengths):
+    import math
+    B, T, D = q.shape
+    s = (q @ k.transpose(1, 2)) / math.sqrt(D)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    allowed = (j <= i)[None] & (j[None] < lengths[:, None, None])
+    m = torch.where(allowed, s, torch.full_like(s, float('-inf'))).amax(-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.where(allowed, torch.exp(torch.where(allowed, s, m) - m), torch.zeros_like(s))
+    total = e.sum(-1, keepdim=True)
+    weight = torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
+    return weight @ v
+"""
 
 CAUSAL_ATTENTION = FunctionFamily(
     "nn_modules/causal_padded_attention_fn", "attention", ("q", "k", "v", "lengths"),
@@ -341,21 +427,58 @@ CAUSAL_ATTENTION = FunctionFamily(
             "    w = torch.nan_to_num(torch.softmax(scores.masked_fill(~allowed, float('-inf')), dim=-1), nan=0.0)\n"
             "    return (w @ v) * (torch.arange(t) < lengths[:, None])[:, :, None]\n",
     },
+    also_correct={"literal": _CAUSAL_ATTENTION_LITERAL.lstrip()},
     hint="mask the scores with `-inf` before `torch.softmax`, and replace the rows with no allowed key.",
     allowed=(SOFTMAX,),
 )
+
+
+def _apart(g, count: int, scale: float) -> torch.Tensor:
+    """`count` (>= 2) float64 values summing to 0, each at least scale / 8 from 0 and none an outlier: pairs
+    a, -a (for an odd count, one a, b, -(a + b) with a and b of one sign). A normalised value near 0 comes from
+    an x near its mean, where float32's rounding of the mean (which the summation order decides) moves it by
+    about half the absolute tolerance; and two or three values close together leave their normalised values to
+    eps, and to that rounding (issue 35)."""
+    size = scale / 8 + normal(g, count, scale=scale, dtype=torch.float64).abs()
+    sign = torch.where(torch.rand(count // 2, generator=g) < 0.5, -1.0, 1.0).double()
+    a = sign * size[: count // 2]
+    values = torch.cat([a, -a])
+    if count % 2:
+        b = sign[0] * size[-1]
+        values = torch.cat([values, b[None]])
+        values[count // 2] = -(a[0] + b)
+    return values[torch.randperm(count, generator=g)]
 
 
 def _batchnorm(g, *, rank=3, n=None, length=None, affine=True, dtype=torch.float32):
     n, c = randint(g, 2, 5) if n is None else n, randint(g, 1, 4)
     length = randint(g, 2, 5) if length is None else length
     shape = (n, c, length) if rank == 3 else (n, c)
-    return {"x": (normal(g, *shape, scale=2.0) + 0.5).to(dtype),
+    # Each channel about a mean of 0.5, no value near it (_apart).
+    per_channel = torch.stack([0.5 + _apart(g, n * (length if rank == 3 else 1), 2.0) for _ in range(c)])
+    x = per_channel.reshape(c, n, -1).transpose(0, 1).reshape(shape)
+    return {"x": x.to(dtype),
             "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None,
             "running_mean": normal(g, c, scale=0.3, dtype=dtype), "running_var": uniform(g, 0.5, 2.0, c, dtype=dtype),
             "momentum": pick(g, [0.1, 0.2, 0.05]), "eps": pick(g, [1e-5, 1e-3])}
 
+
+_BATCH_NORM_LITERAL = """
+def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
+    dims = (0, 2) if x.dim() == 3 else (0,)
+    shape = (1, -1, 1) if x.dim() == 3 else (1, -1)
+    count = x.numel() // x.shape[1]
+    mean = x.sum(dims) / count
+    squares = ((x - mean.reshape(shape)) ** 2).sum(dims)
+    var = squares / count
+    y = (x - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + eps)
+    if weight is not None:
+        y = y * weight.reshape(shape) + bias.reshape(shape)
+    unbiased_var = squares / (count - 1)
+    return (y, (1 - momentum) * running_mean + momentum * mean,
+            (1 - momentum) * running_var + momentum * unbiased_var)
+"""
 
 BATCH_NORM = FunctionFamily(
     "nn_modules/batch_norm_training_fn", "batch_norm_train",
@@ -406,8 +529,9 @@ BATCH_NORM = FunctionFamily(
             "        y = y * weight.reshape(shape) + bias.reshape(shape)\n"
             "    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * var\n",
     },
+    also_correct={"literal": _BATCH_NORM_LITERAL.lstrip(),
+                  "by_hand": 'def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n    dims, shape = ([0, 2], (1, -1, 1)) if x.dim() == 3 else ([0], (1, -1))\n    count = x.numel() // x.shape[1]\n    mean = x.mean(dims)\n    d = x - mean.reshape(shape)\n    var = (d * d).mean(dims)\n    y = d / torch.sqrt(var.reshape(shape) + eps)\n    if weight is not None:\n        y = y * weight.reshape(shape) + bias.reshape(shape)\n    unbiased = var * count / (count - 1)\n    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * unbiased\n'},
     hint="`torch.nn.functional.batch_norm(..., training=True)` updates copies of the running statistics in place.",
-    also_correct={"by_hand": 'def batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):\n    dims, shape = ([0, 2], (1, -1, 1)) if x.dim() == 3 else ([0], (1, -1))\n    count = x.numel() // x.shape[1]\n    mean = x.mean(dims)\n    d = x - mean.reshape(shape)\n    var = (d * d).mean(dims)\n    y = d / torch.sqrt(var.reshape(shape) + eps)\n    if weight is not None:\n        y = y * weight.reshape(shape) + bias.reshape(shape)\n    unbiased = var * count / (count - 1)\n    return y, (1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * unbiased\n'},
 )
 
 
@@ -417,10 +541,31 @@ def _groupnorm(g, *, groups=None, spatial=None, affine=True, dtype=torch.float32
     groups = randint(g, 2, 4) if groups == "C" else groups
     c = groups * per
     spatial = (randint(g, 2, 4), randint(g, 2, 4)) if spatial is None else spatial
-    x = normal(g, randint(g, 1, 3), c, *spatial, scale=1.5) + normal(g, c, *[1] * len(spatial), scale=0.3)
+    n = randint(g, 1, 3)
+    # Each (sample, group) about its own mean, no value near it (_apart).
+    x = torch.stack([normal(g, 1, scale=0.3, dtype=torch.float64) + _apart(g, per * math.prod(spatial), 1.5)
+                     for _ in range(n * groups)]).reshape(n, c, *spatial)
     return {"x": x.to(dtype), "weight": uniform(g, 0.5, 1.0, c, dtype=dtype) if affine else None,
             "bias": away_from_zero(g, c, dtype) if affine else None, "groups": groups, "eps": pick(g, [1e-5, 1e-3])}
 
+
+_GROUP_NORM_LITERAL = """
+def group_norm(x, weight, bias, groups, eps):
+    N, C = x.shape[:2]
+    per = C // groups
+    out = torch.empty_like(x)
+    for g in range(groups):
+        part = x[:, g * per:(g + 1) * per]
+        values = part.reshape(N, -1)
+        mean = values.mean(1)
+        var = ((values - mean[:, None]) ** 2).mean(1)
+        shape = (N,) + (1,) * (x.dim() - 1)
+        out[:, g * per:(g + 1) * per] = (part - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + eps)
+    if weight is not None:
+        shape = (1, C) + (1,) * (x.dim() - 2)
+        out = out * weight.reshape(shape) + bias.reshape(shape)
+    return out
+"""
 
 GROUP_NORM = FunctionFamily(
     "nn_modules/group_norm_fn", "group_norm", ("x", "weight", "bias", "groups", "eps"),
@@ -464,8 +609,9 @@ GROUP_NORM = FunctionFamily(
             "def group_norm(x, weight, bias, groups, eps):\n"
             "    return torch.nn.functional.group_norm(x, x.shape[1], weight, bias, eps=eps)\n",
     },
+    also_correct={"literal": _GROUP_NORM_LITERAL.lstrip(),
+                  "by_hand": 'def group_norm(x, weight, bias, groups, eps):\n    n, c = x.shape[:2]\n    t = x.reshape(n, groups, -1)\n    d = t - t.mean(-1, keepdim=True)\n    y = (d / torch.sqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)\n    shape = (1, c) + (1,) * (x.dim() - 2)\n    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n'},
     hint="reshape to (N, groups, -1) for the statistics, or `torch.nn.functional.group_norm`.",
-    also_correct={"by_hand": 'def group_norm(x, weight, bias, groups, eps):\n    n, c = x.shape[:2]\n    t = x.reshape(n, groups, -1)\n    d = t - t.mean(-1, keepdim=True)\n    y = (d / torch.sqrt((d * d).mean(-1, keepdim=True) + eps)).reshape(x.shape)\n    shape = (1, c) + (1,) * (x.dim() - 2)\n    return y if weight is None else y * weight.reshape(shape) + bias.reshape(shape)\n'},
 )
 
 
@@ -479,6 +625,19 @@ def _ste(g, *, halves=False, negative=False, shape=None, dtype=torch.float32):
             x = -x.abs()
     return {"x": x.to(dtype), "w": normal(g, *shape, dtype=dtype), "scale": scale}
 
+
+_STRAIGHT_THROUGH_LITERAL = """
+def ste_grad(x, w, scale):
+    t = x * scale
+    r = torch.floor(t + 0.5)
+    halfway = (r - t) == 0.5
+    r = torch.where(halfway & (torch.remainder(r, 2) == 1), r - 1, r)  # a half goes to the even one
+    with torch.enable_grad():
+        xg = x.detach().requires_grad_()
+        q = xg + (r / scale - xg).detach()  # straight through: the identity in the backward pass
+        (w * q ** 2).sum().backward()
+    return xg.grad
+"""
 
 STRAIGHT_THROUGH = FunctionFamily(
     "autograd/straight_through_round_fn", "ste_grad", ("x", "w", "scale"),
@@ -509,6 +668,7 @@ STRAIGHT_THROUGH = FunctionFamily(
             "def ste_grad(x, w, scale):\n"
             "    return 2 * w * x\n",
     },
+    also_correct={"literal": _STRAIGHT_THROUGH_LITERAL.lstrip()},
     hint="`torch.round` rounds half to even; a custom `torch.autograd.Function` or `x + (q - x).detach()` "
          "gives the straight-through gradient.",
 )
@@ -524,6 +684,23 @@ def _smoothing(g, *, ignored=True, all_ignored=False, eps=None, dtype=torch.floa
     return {"logits": normal(g, n, c, scale=2.0, dtype=dtype), "target": target,
             "eps": pick(g, [0.1, 0.2, 0.05]) if eps is None else eps}
 
+
+_LABEL_SMOOTHING_LITERAL = """
+def smoothed_cross_entropy(logits, target, eps):
+    N, C = logits.shape
+    keep = target != -100
+    if not keep.any():
+        return torch.zeros((), dtype=logits.dtype)
+    losses = []
+    for n in range(N):
+        if not keep[n]:
+            continue
+        log_p = torch.log_softmax(logits[n], 0)
+        dist = torch.full((C,), eps / C, dtype=logits.dtype)
+        dist[target[n]] += 1 - eps
+        losses.append(-(dist * log_p).sum())
+    return torch.stack(losses).mean()
+"""
 
 LABEL_SMOOTHING = FunctionFamily(
     "losses/label_smoothing_ce_fn", "smoothed_cross_entropy", ("logits", "target", "eps"),
@@ -565,8 +742,9 @@ LABEL_SMOOTHING = FunctionFamily(
             "                                             reduction='sum')\n"
             "    return loss / len(target)\n",
     },
+    also_correct={"literal": _LABEL_SMOOTHING_LITERAL.lstrip(),
+                  "by_hand": 'def smoothed_cross_entropy(logits, target, eps):\n    keep = target != -100\n    if not bool(keep.any()):\n        return torch.zeros((), dtype=logits.dtype)\n    shifted = logits[keep] - logits[keep].amax(1, keepdim=True)\n    logp = shifted - torch.log(torch.exp(shifted).sum(1, keepdim=True))\n    nll = -logp.gather(1, target[keep][:, None]).squeeze(1)\n    return ((1 - eps) * nll - eps * logp.mean(1)).mean()\n'},
     hint="`torch.nn.functional.cross_entropy(..., label_smoothing=eps)` on the kept samples.",
-    also_correct={"by_hand": 'def smoothed_cross_entropy(logits, target, eps):\n    keep = target != -100\n    if not bool(keep.any()):\n        return torch.zeros((), dtype=logits.dtype)\n    shifted = logits[keep] - logits[keep].amax(1, keepdim=True)\n    logp = shifted - torch.log(torch.exp(shifted).sum(1, keepdim=True))\n    nll = -logp.gather(1, target[keep][:, None]).squeeze(1)\n    return ((1 - eps) * nll - eps * logp.mean(1)).mean()\n'},
 )
 
 
@@ -577,6 +755,26 @@ def _accumulation(g, *, uneven=False, unclipped=False, one=False, dtype=torch.fl
             "y": normal(g, n, o, dtype=dtype), "micro_batch": n + randint(g, 0, 2) if one else m,
             "lr": pick(g, [0.1, 0.05, 0.2]), "max_norm": pick(g, [50.0, 100.0]) if unclipped else pick(g, [0.1, 0.05])}
 
+
+_GRAD_ACCUMULATION_LITERAL = """
+def accumulate_clip_step(w, x, y, micro_batch, lr, max_norm):
+    N = x.shape[0]
+    starts = list(range(0, N, micro_batch))
+    K = len(starts)
+    G = torch.zeros_like(w)
+    for s in starts:
+        xb, yb = x[s:s + micro_batch], y[s:s + micro_batch]
+        with torch.enable_grad():
+            wg = w.detach().requires_grad_()
+            loss = ((xb @ wg.T - yb) ** 2).mean() / K
+            g, = torch.autograd.grad(loss, wg)
+        G = G + g
+    norm = torch.sqrt((G ** 2).sum())
+    factor = max_norm / (norm + 1e-6)
+    if factor < 1:
+        G = G * factor
+    return w - lr * G
+"""
 
 GRAD_ACCUMULATION = FunctionFamily(
     "optim/grad_accumulation_clip_fn", "accumulate_clip_step", ("w", "x", "y", "micro_batch", "lr", "max_norm"),
@@ -623,6 +821,7 @@ GRAD_ACCUMULATION = FunctionFamily(
             "    factor = min(1.0, max_norm / (grad.norm().item() + 1e-6))\n"
             "    return w - lr * grad * factor\n",
     },
+    also_correct={"literal": _GRAD_ACCUMULATION_LITERAL.lstrip()},
     hint="`Tensor.split` for the micro-batches, `backward()` accumulates, then `torch.nn.utils.clip_grad_norm_`.",
 )
 

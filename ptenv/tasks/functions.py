@@ -22,6 +22,7 @@ ptenv/inside/allowlist.py): only the stated operations run, none of which comput
 whole, and for a backward, automatic differentiation is removed too.
 """
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -67,6 +68,8 @@ class FunctionFamily:
     wrong: dict[str, str] = field(default_factory=dict)  # plausible wrong implementations, by name
     # Other correct implementations a solver would write (autograd over torch's op, the natural
     # float32 formula): each must pass every kept case, so the tolerance does not fail a fair answer.
+    # Every family lists `literal`: the contract's words as code, written from the contract alone (issue
+    # 35), so a draw where the words and the reference disagree is never kept.
     also_correct: dict[str, str] = field(default_factory=dict)
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
@@ -106,11 +109,14 @@ class FunctionFamily:
         return FunctionInstance(self, tier, seed, level, args)
 
     def draw(self, key: str, n: int, draw: int = 0) -> list[tuple[str, Args]]:
-        """n hidden cases: the classes in order, then again from the first."""
+        """n hidden cases: the classes in order, then again from the first. Sampled single-threaded, as
+        the gates run: starting a thread pool costs more than the work on such small tensors (a float64
+        log_softmax in a sampler took 9 ms with two threads on a busy machine, 1 us with one)."""
         cases = []
-        for k in range(n):
-            case = self.cases[k % len(self.cases)]
-            cases.append((case.name, case.sample(seeded(f"{self.id}#hidden#{key}#{k}#{draw}"))))
+        with reference_run():
+            for k in range(n):
+                case = self.cases[k % len(self.cases)]
+                cases.append((case.name, case.sample(seeded(f"{self.id}#hidden#{key}#{k}#{draw}"))))
         return cases
 
 
@@ -171,11 +177,17 @@ def allowlist_text(f: FunctionFamily) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=1024)
+def compiled(source: str, name: str):
+    """The code of a trusted implementation, compiled once: a draw's gates run each one on every case."""
+    return compile(source, f"<{name}>", "exec")
+
+
 def call(source: str, name: str, args: Args, default_dtype: torch.dtype = torch.float32):
     """Run a trusted implementation (the reference, or a listed wrong one) on private copies of
     `args`, as the sandbox runs it (one thread), leaving the host's torch as it was."""
     namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(source, f"<{name}>", "exec"), namespace)
+    exec(compiled(source, name), namespace)
     copies = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     with reference_run(default_dtype):
         return namespace[name](**copies)
