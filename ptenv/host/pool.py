@@ -247,7 +247,7 @@ class Pool:
         if not self._cgroup_dirs:
             try:
                 self._cgroup_dirs = cgroups.make_client_dirs(f"ptenv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                self.cgroup_mode = "cgroup v1: memory (shared memory included), pids and cpu per sandbox"
+                self.cgroup_mode = cgroups.describe(self._cgroup_dirs)
             except cgroups.Unavailable as e:
                 self.cgroup_mode = f"no cgroup ({e}): {NO_CGROUP}"
         return {c: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for c, path in self._cgroup_dirs.items()}
