@@ -26,7 +26,7 @@ from ptenv.host.view import NO_CGROUP, NO_FALLBACK, SandboxUnavailableError, san
 from ptenv.inside import cgroups
 from ptenv.inside.protocol import Limits, one_line, recv_frame
 
-START_TIMEOUT = 60.0  # fork server start (imports torch)
+START_TIMEOUT = 180.0  # fork server start, its trial zygote's included: imports torch (5 s here; 25-90 s emulated, scripts/test-guest)
 CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
 UID_SLOTS = 1 << 16  # each client takes a random block of uids; two per sandbox, never reused early
 BACKOFF = (0.1, 5.0)  # seconds between refill attempts after a failure: first, and at most
@@ -214,7 +214,10 @@ class Pool:
                 forkserver_end.close()
             for fd in dir_fds.values():
                 os.close(fd)
-        ready = all(self._ready(host_end) for host_end, _ in ends.values())
+        # One deadline for both: the trial zygote says it is ready after the fork server has imported
+        # torch and it has installed its allowlist, so each waits at most START_TIMEOUT from here.
+        deadline = time.monotonic() + START_TIMEOUT
+        ready = all(self._ready(host_end, deadline) for host_end, _ in ends.values())
         if not ready:
             for host_end, _ in ends.values():
                 host_end.close()
@@ -233,9 +236,9 @@ class Pool:
             self._controls = {server: Control(host_end) for server, (host_end, _) in ends.items()}
 
     @staticmethod
-    def _ready(host_end: socket.socket) -> bool:
-        """Whether a fork server (or the trial zygote) said it is ready within START_TIMEOUT."""
-        host_end.settimeout(START_TIMEOUT)
+    def _ready(host_end: socket.socket, deadline: float) -> bool:
+        """Whether a fork server (or the trial zygote) said it is ready by `deadline` (monotonic)."""
+        host_end.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             return bool(host_end.recv(65536))
         except TimeoutError:
