@@ -17,7 +17,7 @@ from ptenv.host.local import LocalSandboxClient
 from ptenv.host.view import SandboxUnavailableError
 from ptenv import inside
 from ptenv.inside.protocol import Limits
-from tests.support.sandbox import MEMORY_MB, SHORT, new_box, only_the_sandbox_runs, wait_until
+from tests.support.sandbox import MEMORY_MB, SHORT, SLOWDOWN, new_box, only_the_sandbox_runs, wait_until
 
 pytestmark = pytest.mark.rootless
 
@@ -257,7 +257,7 @@ async def test_sandboxes_cannot_see_each_other(client, box):
 
 @pytest.mark.slow
 async def test_cpu_time_is_limited():
-    client = LocalSandboxClient(Limits(cell_timeout=0.3))  # 10 cells' worth of CPU per process: 3 s
+    client = LocalSandboxClient(Limits(cell_timeout=0.3 * SLOWDOWN))  # 10 cells' worth of CPU per process: 3 s
     try:
         box = await new_box(client)
         spin = "import threading\ndef spin():\n    while True:\n        pass\nthreading.Thread(target=spin, daemon=True).start()"
