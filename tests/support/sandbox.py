@@ -40,7 +40,7 @@ class Box:
         doc = await self.client.call(self.id, "run_cell", {"code": code}, timeout or WAIT)
         return parse_cell_reply(doc, self.client.limits)
 
-    async def sh(self, command: str, timeout: float = 10, working_dir: str | None = None):
+    async def sh(self, command: str, timeout: float = 10 * SLOWDOWN, working_dir: str | None = None):
         return await self.client.execute_command(self.id, command, working_dir=working_dir, timeout=timeout)
 
     async def result(self):
