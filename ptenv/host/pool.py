@@ -228,7 +228,8 @@ class Pool:
             reason = lines[-1].strip() if lines else f"it exited with code {self.forkserver.returncode}"
             raise SandboxUnavailableError(
                 f"cannot start the sandbox fork server: {reason}. Linux namespaces are blocked: run the container "
-                "with --security-opt seccomp=unconfined or in a pod that allows them, or use sandbox=\"prime\"; "
+                "with --security-opt seccomp=unconfined --cap-add SYS_ADMIN,NET_ADMIN,SYS_PTRACE (podman; "
+                "--security-opt unmask=/sys/fs/cgroup adds cgroups) or in a pod that allows them, or use sandbox=\"prime\"; "
                 f"{NO_FALLBACK}"
             )
         self.forkserver.stderr.close()

@@ -71,6 +71,8 @@ def v2_unavailable() -> str | None:
     missing = [c for c in CONTROLLERS if c not in given]
     if missing:
         return f"cgroup v2: its cgroup {own} is not given the {' and '.join(missing)} controller; {how}"
+    if os.statvfs(ROOT).f_flag & os.ST_RDONLY:
+        return f"cgroup v2: {ROOT} is read-only here, as in a container by default (podman: --security-opt unmask={ROOT})"
     if not all(os.access(path, os.W_OK) for path in (own, f"{own}/cgroup.procs", f"{own}/cgroup.subtree_control")):
         return f"cgroup v2: this user may not make cgroups under its own, {own}: none is delegated to it; {how}"
     return None
