@@ -70,7 +70,7 @@ def v2_unavailable() -> str | None:
     given = read_text(f"{own}/cgroup.controllers").split()
     missing = [c for c in CONTROLLERS if c not in given]
     if missing:
-        return f"cgroup v2: its cgroup {own} is not given the {' and '.join(missing)} controller; {how}"
+        return f"cgroup v2: its cgroup {own} is not given the {' and '.join(missing)} controller{'s' * (len(missing) > 1)}; {how}"
     if os.statvfs(ROOT).f_flag & os.ST_RDONLY:
         return f"cgroup v2: {ROOT} is read-only here, as in a container by default (podman: --security-opt unmask={ROOT})"
     if not all(os.access(path, os.W_OK) for path in (own, f"{own}/cgroup.procs", f"{own}/cgroup.subtree_control")):
