@@ -423,7 +423,7 @@ FORK_UNTIL_REFUSED = (
     "        n += 1\n"
     "except OSError as e:\n"
     "    print(n, e.errno, flush=True)\n"
-    "time.sleep(3)\n"
+    "time.sleep(1)\n"
 )
 
 
