@@ -1,5 +1,5 @@
 """What a process's move into its sandbox's cgroup costs: a fork that exits at once, against one
-that first joins a sandbox's model cgroup (cgroups.join, as a shell or a judge does when it
+that first joins a sandbox's model cgroup (cgroups.join, as a shell or a trial's caller does when it
 starts), back to back and with 50 ms between them (as a rollout's commands come). Run as root
 (or with a delegated cgroup), on whichever hierarchy this machine has:
 
