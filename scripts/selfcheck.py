@@ -6,9 +6,12 @@ through the real `vf-eval` CLI against the local sandbox.
     reference  again with -r 3 -c 16                 (the same under concurrency)
 
 After each run no sandbox process may be left. Exits non-zero if anything differs. Each run's
-report (python -m ptenv.report) is printed under its line.
+report (python -m ptenv.report) is printed under its line, after the sandbox mode line.
+`--short` runs the same three on 5 prompts (-r 2 -c 4 for the third), for slow machines
+(scripts/test-guest's emulated guest).
 """
 
+import argparse
 import sys
 import tempfile
 import textwrap
@@ -18,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.
 
 from tests.support.policy_server import serve_in_thread
 from tests.support.vf_eval import leftover_sandboxes, run_eval
+from ptenv.host.local import isolation_mode
 from ptenv.report.render import report_text
 from ptenv.report.runs import RunError, load_run
 from ptenv.report.stats import group
@@ -27,6 +31,13 @@ RUNS = [
     ("null", 0.0, ["-n", "45", "-r", "1"]),
     ("reference", 1.0, ["-n", "45", "-r", "3", "-c", "16"]),
 ]
+SHORT_RUNS = [
+    ("reference", 1.0, ["-n", "5", "-r", "1"]),
+    ("null", 0.0, ["-n", "5", "-r", "1"]),
+    ("reference", 1.0, ["-n", "5", "-r", "2", "-c", "4"]),
+]
+
+
 def check(policy: str, want: float, rows: list[dict], expected_rows: int) -> list[str]:
     problems = []
     if len(rows) != expected_rows:
@@ -41,11 +52,15 @@ def check(policy: str, want: float, rows: list[dict], expected_rows: int) -> lis
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="5 prompts per run")
+    runs = SHORT_RUNS if parser.parse_args().short else RUNS
+    print(f"sandbox mode: {isolation_mode()}", flush=True)
     url, stop = serve_in_thread()
     failed = False
     try:
         with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
-            for i, (policy, want, args) in enumerate(RUNS):
+            for i, (policy, want, args) in enumerate(runs):
                 results, rows = run_eval(url, policy, args, Path(tmp) / str(i))
                 expected_rows = int(args[args.index("-n") + 1]) * int(args[args.index("-r") + 1])
                 problems = check(policy, want, rows, expected_rows) + [

@@ -1,23 +1,30 @@
 """Limits the kernel enforces per sandbox, tried as a hostile model would: shared memory past the
 memory limit, the host's ptys, the unprivileged kernel surface that seccomp closes."""
 
+import asyncio
 import errno
 import os
 import platform
 import threading
+import time
 
 import pytest
 
+from ptenv.host import requests
 from ptenv.inside import cgroups, seccomp
 from ptenv.host.blame import ModelFault
 from ptenv.host.local import LocalSandboxClient
 from ptenv.inside.protocol import MAX_TENSOR_BYTES, Limits
 from ptenv.inside.memory import FAULT_RATE_KB, MEMORY_POLL, MIN_POLL, next_look
-from tests.support.sandbox import MEMORY_MB, new_box, only_the_sandbox_runs, wait_until
+from ptenv.tasks import tiers
+from ptenv.tasks.fn_intermediate import SEGMENT_MEAN
+from ptenv.tasks.functions import HiddenCases
+from tests.support.sandbox import MEMORY_MB, Box, new_box, only_the_sandbox_runs, wait_until
 
 pytestmark = pytest.mark.rootless
 
 LIMITS = Limits(memory_mb=MEMORY_MB)
+CASES = HiddenCases("kernel-limits-secret", 4)
 SANDBOX_MB = LIMITS.memory_mb + LIMITS.scratch_mb + LIMITS.shm_mb  # what its cgroup may hold
 # Many files, each under the file-size limit: 3 GiB in all.
 MEMFD_HOG = "import os\nchunk = b'x' * (1 << 20)\nfor _ in range(30):\n    fd = os.memfd_create('hog')\n    for _ in range(100):\n        os.write(fd, chunk)\n"
@@ -66,7 +73,7 @@ class Sampler(threading.Thread):
 @pytest.mark.slow
 async def test_the_client_has_the_cgroups_this_machine_should_give_it(client, box):
     # CI says what it set up (.ci/run, scripts/test-rootless): a cgroup lost must fail, not fall back.
-    expected = {"1": "cgroup v1", "0": "no cgroup"}.get(os.environ.get("PTENV_EXPECT_CGROUP", ""), "")
+    expected = {"1": "cgroup v1", "2": "cgroup v2", "0": "no cgroup"}.get(os.environ.get("PTENV_EXPECT_CGROUP", ""), "")
     assert client.cgroup_mode.startswith(expected), client.cgroup_mode
     assert client.isolation_mode.startswith("root:" if os.geteuid() == 0 else "rootless:"), client.isolation_mode
     # The mode load_environment logs (predicted) is the one the fork server got.
@@ -80,7 +87,7 @@ async def test_shared_memory_never_takes_the_host_past_the_sandbox_limit(client,
         reply = await box.cell(hog)
     # 3 GiB asked for; the host gives no more than the sandbox's limit (and a little noise).
     assert free.highest - free.lowest <= SANDBOX_MB + 128, (free.highest, free.lowest)
-    if client.cgroup_mode.startswith("cgroup v1"):  # stopped at the limit
+    if client.cgroup_mode.startswith("cgroup v"):  # stopped at the limit
         assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
     else:  # denied
         error = "PermissionError" if hog == MEMFD_HOG else f"AssertionError: {errno.EPERM}"
@@ -302,3 +309,174 @@ async def test_a_sandbox_is_one_session(client, box):
     leave = ("import os\npid = os.fork()\nif pid == 0:\n    try:\n        os.setsid()\n        os._exit(0)\n"
              "    except OSError:\n        os._exit(1)\nprint(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))")
     assert (await box.cell(leave)).stdout == ("1\n" if client.cgroup_mode.startswith("no cgroup") else "0\n")
+
+
+def cgroup_dirs(pid: int) -> dict[str, str]:
+    """controller -> the directory of `pid`'s cgroup in that hierarchy, as the host sees it (v2:
+    every controller in the one unified directory)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        lines = [line.rstrip("\n").split(":", 2) for line in f]
+    if cgroups.unified():
+        path = next(path for _, controllers, path in lines if controllers == "")
+        return {c: f"{cgroups.ROOT}{path}" for c in cgroups.CONTROLLERS}
+    return {c: f"{cgroups.ROOT}/{c}{path}" for _, controllers, path in lines for c in controllers.split(",") if c in cgroups.CONTROLLERS}
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def assert_in_the_sandboxs_cgroups(model_pid: int, supervisor_pid: int) -> dict[str, str]:
+    """That a model's process is in its sandbox's cgroups with the sandbox's limits, and its
+    supervisor outside them but for the CPU share; returns the model's directories."""
+    model, supervisor = cgroup_dirs(model_pid), cgroup_dirs(supervisor_pid)
+    # An OOM kill or the process cap can hit only the model's processes, never the supervisor.
+    assert model["memory"] != supervisor["memory"] and model["pids"] != supervisor["pids"], (model, supervisor)
+    if cgroups.unified():
+        assert read(f"{model['memory']}/memory.max") == str(SANDBOX_MB << 20)
+        assert read(f"{model['memory']}/memory.swap.max") == "0"
+        # The CPU share is the sandbox's, the supervisor's relaying included: one parent, one weight.
+        parent = os.path.dirname(model["cpu"])
+        assert os.path.dirname(supervisor["cpu"]) == parent and read(f"{parent}/cpu.weight") == "100"
+    else:
+        assert read(f"{model['memory']}/memory.limit_in_bytes") == str(SANDBOX_MB << 20)
+        assert model["cpu"] == supervisor["cpu"] and read(f"{model['cpu']}/cpu.shares") == "1024"
+    assert read(f"{model['pids']}/pids.max") == str(LIMITS.processes)
+    return model
+
+
+@pytest.mark.slow
+async def test_the_models_processes_share_one_cgroup_with_the_sandbox_limits_and_the_supervisor_is_outside_it(client, box):
+    if client.cgroup_mode.startswith("no cgroup"):
+        pytest.skip(client.cgroup_mode)
+    supervisor, interpreter = box.processes()[:2]
+    assert_in_the_sandboxs_cgroups(interpreter, supervisor)
+    # A shell's processes join it too.
+    shell = await box.sh("cat /proc/self/cgroup")
+    assert {path for _, _, path in (line.split(":", 2) for line in shell.stdout.splitlines())} <= {
+        path for _, _, path in (line.split(":", 2) for line in open(f"/proc/{interpreter}/cgroup").read().splitlines())}
+
+
+@pytest.mark.slow
+async def test_a_trials_caller_in_a_sandbox_of_the_trial_zygote_is_held_as_the_models_processes_are():
+    # The trial zygote is a second fork server (inside/main.py): its sandboxes get the same cgroups.
+    client = LocalSandboxClient(LIMITS, tiers.allowlist_base())
+    try:
+        rollout = await new_box(client)  # a rollout's sandbox: the pool starts the fork servers for it
+        box = Box(client, await client.create_trial())
+        if client.cgroup_mode.startswith("no cgroup"):
+            pytest.skip(client.cgroup_mode)
+        # An answer that takes 3 s to load, at level 2: its caller runs while the host looks.
+        source = "import time\ntime.sleep(3)\ndef {name}(*args, **kwargs):\n    return torch.zeros(1)\n"
+        cases = [args for _, args, _ in CASES.of(SEGMENT_MEAN, 3)][:1]
+        fields = requests.trial_fields(source.format(name=SEGMENT_MEAN.name), SEGMENT_MEAN.name,
+                                       SEGMENT_MEAN.instance("intermediate", 3).inputs(), cases, SEGMENT_MEAN.allowlist(2))
+        trial = asyncio.create_task(client.call(box.id, "trial", fields, requests.trial_timeout(LIMITS, len(cases))))
+        deadline = time.monotonic() + 10
+        while len(box.processes()) < 2 and time.monotonic() < deadline and not trial.done():
+            await asyncio.sleep(0.05)
+        supervisor, caller = box.processes()[:2]
+        await asyncio.sleep(0.5)  # it joins its cgroups first thing after its fork
+        assert_in_the_sandboxs_cgroups(caller, supervisor)
+        results, _ = requests.parse_trial_reply(await trial, len(cases))
+        assert [r.status for r in results] == ["ok"], results
+        await client.delete(box.id)
+        await client.delete(rollout.id)
+    finally:
+        client.teardown()
+
+
+# Twelve processes write 256 MiB each, as fast as they can: 3 GiB in a sandbox of 832 MiB.
+MEMORY_BOMB = (
+    "import os\nchildren = []\n"
+    "for _ in range(12):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        hog = b'x' * (256 << 20)\n"
+    "        os._exit(0)\n"
+    "    children.append(pid)\n"
+    "for pid in children:\n"
+    "    os.waitpid(pid, 0)\n"
+)
+
+
+@pytest.mark.slow
+async def test_a_memory_bomb_is_ended_by_the_kernel_at_the_limit(client, box):
+    if client.cgroup_mode.startswith("no cgroup"):
+        pytest.skip("polled, not ended by the kernel: bench/bench_memory.py measures how far a burst passes the limit")
+    with Sampler(mem_available_mb) as free:
+        reply = await box.cell(MEMORY_BOMB)
+    assert free.highest - free.lowest <= SANDBOX_MB + 128, (free.highest, free.lowest)
+    assert reply.status == "reset" and f"used more than its {MEMORY_MB} MiB of memory" in reply.note, reply
+    assert (await box.cell("print('alive')")).stdout == "alive\n"
+
+
+# Children that sleep, forked until the kernel refuses one; the cell holds them while the host looks.
+FORK_UNTIL_REFUSED = (
+    "import os, time\nn = 0\n"
+    "try:\n"
+    "    while n < 200:\n"
+    "        if os.fork() == 0:\n"
+    "            time.sleep(60)\n"
+    "            os._exit(0)\n"
+    "        n += 1\n"
+    "except OSError as e:\n"
+    "    print(n, e.errno, flush=True)\n"
+    "time.sleep(1)\n"
+)
+
+
+@pytest.mark.slow
+async def test_the_models_processes_are_held_to_their_number(client, box):
+    interpreter = box.processes()[1]
+    counted = []  # the kernel's count of the model's processes, while they are held
+    if not client.cgroup_mode.startswith("no cgroup"):
+        current = f"{cgroup_dirs(interpreter)['pids']}/pids.current"
+        with Sampler(lambda: int(read(current))) as pids:
+            reply = await box.cell(FORK_UNTIL_REFUSED)
+        counted.append(pids.highest)
+    else:
+        reply = await box.cell(FORK_UNTIL_REFUSED)
+    forked, error = map(int, reply.stdout.split())
+    # The interpreter and its forks: 64 at most, and no fork past the limit.
+    assert error == errno.EAGAIN and LIMITS.processes - 8 <= forked < LIMITS.processes, reply
+    assert all(count == LIMITS.processes for count in counted), counted
+    await only_the_sandbox_runs(box)
+
+
+# Threads of matrix products (torch lets go of the GIL) that outlive their cell.
+SPIN = (
+    "import threading\n"
+    "def spin():\n"
+    "    a = torch.ones(128, 128)\n"
+    "    while True:\n"
+    "        a @ a\n"
+    "for _ in range({}):\n"
+    "    threading.Thread(target=spin, daemon=True).start()\n"
+)
+
+
+def cpu_ticks(pid: int) -> int:
+    """User and system CPU time of all of a process's threads, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.slow
+async def test_busy_sandboxes_share_the_cpu_equally(client, box):
+    if client.cgroup_mode.startswith("no cgroup") and read("/proc/sys/kernel/sched_autogroup_enabled") != "1":
+        pytest.skip("no cgroup and no autogroup: nothing shares the CPU by sandbox (docs/sandbox.md, Modes)")
+    other = await new_box(client)
+    busy, single = box.processes()[1], other.processes()[1]
+    assert (await box.cell(SPIN.format(8))).status == "ok"
+    assert (await other.cell(SPIN.format(1))).status == "ok"
+    time.sleep(1)  # both running
+    before = cpu_ticks(busy), cpu_ticks(single)
+    time.sleep(4)
+    busy_ticks, single_ticks = cpu_ticks(busy) - before[0], cpu_ticks(single) - before[1]
+    await client.delete(other.id)
+    # One share each: the sandbox with one thread gets as much as the one with eight (shared by
+    # thread, it would get 1/9 of the CPU, an eighth of the other's).
+    assert single_ticks >= 0.5 * busy_ticks > 0, (single_ticks, busy_ticks)

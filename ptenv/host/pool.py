@@ -28,7 +28,7 @@ from ptenv.host.view import NO_CGROUP, NO_FALLBACK, SandboxUnavailableError, san
 from ptenv.inside import cgroups
 from ptenv.inside.protocol import Limits, one_line, recv_frame
 
-START_TIMEOUT = 60.0  # fork server start (imports torch)
+START_TIMEOUT = 180.0  # fork server start, its trial zygote's included: imports torch (5 s here; 25-90 s emulated, scripts/test-guest)
 CONTROL_TIMEOUT = 30.0  # for the fork server's answer to one request, and a supervisor's first word
 STALLED = START_TIMEOUT + CONTROL_TIMEOUT  # a create fails when no sandbox became ready for this long
 UID_SLOTS = 1 << 16  # each client takes a random block of uids; two per sandbox, never reused early
@@ -310,7 +310,10 @@ class Pool:
                 forkserver_end.close()
             for fd in dir_fds.values():
                 os.close(fd)
-        ready = all(said_ready(host_end) for host_end, _ in ends.values())
+        # One deadline for both: the trial zygote says it is ready after the fork server has imported
+        # torch and it has installed its allowlist, so each waits at most START_TIMEOUT from here.
+        deadline = time.monotonic() + START_TIMEOUT
+        ready = all(said_ready(host_end, deadline) for host_end, _ in ends.values())
         if not ready:
             for host_end, _ in ends.values():
                 host_end.close()
@@ -321,7 +324,8 @@ class Pool:
             reason = lines[-1].strip() if lines else f"it exited with code {self.forkserver.returncode}"
             raise SandboxUnavailableError(
                 f"cannot start the sandbox fork server: {reason}. Linux namespaces are blocked: run the container "
-                "with --security-opt seccomp=unconfined or in a pod that allows them, or use sandbox=\"prime\"; "
+                "with --security-opt seccomp=unconfined --cap-add SYS_ADMIN,NET_ADMIN,SYS_PTRACE (podman; "
+                "--security-opt unmask=/sys/fs/cgroup adds cgroups) or in a pod that allows them, or use sandbox=\"prime\"; "
                 f"{NO_FALLBACK}"
             )
         self.forkserver.stderr.close()
@@ -334,7 +338,7 @@ class Pool:
         if not self._cgroup_dirs:
             try:
                 self._cgroup_dirs = cgroups.make_client_dirs(f"ptenv-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-                self.cgroup_mode = "cgroup v1: memory (shared memory included), pids and cpu per sandbox"
+                self.cgroup_mode = cgroups.describe(self._cgroup_dirs)
             except cgroups.Unavailable as e:
                 self.cgroup_mode = f"no cgroup ({e}): {NO_CGROUP}"
         return {c: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for c, path in self._cgroup_dirs.items()}
@@ -418,9 +422,9 @@ class Control:
                 raise ControlError(f"the sandbox fork server failed: {one_line(e)}") from None
 
 
-def said_ready(host_end: socket.socket) -> bool:
-    """Whether a fork server (or the trial zygote) said it is ready within START_TIMEOUT."""
-    host_end.settimeout(START_TIMEOUT)
+def said_ready(host_end: socket.socket, deadline: float) -> bool:
+    """Whether a fork server (or the trial zygote) said it is ready by `deadline` (monotonic)."""
+    host_end.settimeout(max(0.001, deadline - time.monotonic()))
     try:
         return bool(host_end.recv(65536))
     except TimeoutError:

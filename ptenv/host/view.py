@@ -106,7 +106,7 @@ def isolation_mode() -> str:
     else:
         who = "rootless: one user namespace per sandbox, the user's uid for all"
     if reason is None:
-        return f"{who}; cgroup v1 memory, pids and cpu per sandbox"
+        return f"{who}; {cgroups.chosen()}"
     return f"{who}; no cgroup ({reason}): {NO_CGROUP}"
 
 

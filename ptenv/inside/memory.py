@@ -3,6 +3,7 @@ the watch reads its count of OOM kills. Without one, in a sandbox of its own, no
 bounds it: it sums the model's processes' PSS, sooner the nearer they are to the limit (next_look)."""
 
 import os
+import socket
 import time
 
 from ptenv.inside import cgroups
@@ -74,12 +75,13 @@ def socket_count() -> int:
 
 
 def socket_buffer_kb() -> int:
-    """The most a socket's buffers can hold: twice the largest size a process may ask for."""
-    sizes = []
-    for name in ("wmem_max", "rmem_max"):
-        with open(f"/proc/sys/net/core/{name}") as f:
-            sizes.append(int(f.read()))
-    return 2 * max(sizes) // 1024
+    """The most a socket's buffers can hold: twice the largest size a process may ask for. Asked of
+    a socket, which the kernel caps at net.core.wmem_max and rmem_max: a network namespace of our
+    own does not show those sysctls on older kernels (Linux 6.1, Debian 12's)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            s.setsockopt(socket.SOL_SOCKET, option, 1 << 30)
+        return max(s.getsockopt(socket.SOL_SOCKET, o) for o in (socket.SO_SNDBUF, socket.SO_RCVBUF)) // 1024
 
 
 class MemoryWatch:

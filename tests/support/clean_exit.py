@@ -18,7 +18,7 @@ from tests.support import proctree
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ("exit", "sigterm", "sigkill", "sigkill-starting")
-START_TIMEOUT = 120.0  # the fork server imports torch; 3 sandboxes and a cell on a loaded machine
+START_TIMEOUT = 240.0  # the host and its fork server import torch; 3 sandboxes and a cell on a loaded or emulated machine
 
 
 @dataclass
