@@ -388,6 +388,27 @@ def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
                       for final, t in zip(finals, traces)])
 
 
+@pytest.mark.parametrize("channel", ["page_cache", "locks"])
+def test_vf_eval_a_channel_carries_a_writers_cases_and_the_reader_gains_nothing(tmp_path, channel):
+    """tests/test_cross_rollout.py's vf-eval runs on this line."""
+    from tests import test_cross_rollout as replay
+    from tests.support.cross_rollout import clear_page_cache
+
+    (tmp_path / "rows.jsonl").write_text(dumps_rows([replay.ROW.row()]))
+    clear_page_cache()
+    url, stop = policy_server.serve_in_thread(tmp_path / "rows.jsonl")
+    args = ("--env.taskset.tiers", "basic", "--env.taskset.kind", "function", "--env.taskset.level", "2",
+            "--env.taskset.num-train-examples", "1", "-c", str(replay.ROLLOUTS))
+    try:
+        traces = run_vf_eval(url, f"cross_rollout_{channel}", tmp_path / "out", 1, args, replay.ROLLOUTS)
+    finally:
+        stop()
+    assert len(traces) == replay.ROLLOUTS and {t["task"]["data"]["id"] for t in traces} == {replay.ROW.id}
+    assert all(t["ok"] and t["metrics"]["harness_error"] == 0.0 for t in traces), [t["info"] for t in traces]
+    replay.check_rollouts([([n["message"] for n in t["nodes"]], t["info"]["verdict"], score(t), t["info"]["scoring_error"])
+                           for t in traces])
+
+
 @pytest.mark.parametrize("level", [1, 2])
 def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_path, level):
     """tests/test_total_trial.py's vf-eval run on this line: each of issue 34's findings, 0.0 as the

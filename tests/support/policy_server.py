@@ -182,9 +182,38 @@ def ban_hostile_policy(row, messages, tools) -> dict:
     return _say(f"Playing {name}:\n```python\n{source}```\n")
 
 
+def cross_rollout_policy(channel: str):
+    """For a function task: the rollouts of a prompt take turns as issue 35's writer (its answer sends
+    each hidden case through `channel`) and reader (a cell reads them back and runs the reference on
+    them; its answer is the lookup table), tests/support/cross_rollout.py."""
+
+    def policy(row, messages, tools) -> dict:
+        from tests.support import cross_rollout
+
+        if row is None or row["info"].get("kind") != "function":
+            return _say("cross_rollout policy: not a function task.")
+        name, reference = row["info"]["function"], row["info"]["reference_solution"]
+        params = cross_rollout.params_of(reference, name)
+        replies = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+        if any("TABLE=" in reply for reply in replies):
+            table = next(r for r in replies if "TABLE=" in r).split("TABLE=", 1)[1].split("\n", 1)[0].strip()
+            return _say(f"Reader:\n```python\n{cross_rollout.reader_answer(name, params, table)}```\n")
+        if replies:
+            return _say(f"Reader: the cell printed no table: {replies[-1][:2000]}")
+        with _turns_lock:
+            key = (row["server_port"], channel, name)
+            turn = _turns[key] = _turns.get(key, -1) + 1
+        if turn % 2 == 0:
+            return _say(f"Writer:\n```python\n{cross_rollout.writer(channel, name, params)}```\n")
+        return _call("execute_code", {"code": cross_rollout.reader_cell(channel, name, reference)})
+
+    return policy
+
+
 POLICIES = {"reference": reference_policy, "null": null_policy, "hostile": hostile_policy, "malformed": malformed_policy,
             "function_hostile": function_hostile_policy, "ban_hostile": ban_hostile_policy,
-            "trial_hostile": trial_hostile_policy}
+            "trial_hostile": trial_hostile_policy, "cross_rollout_page_cache": cross_rollout_policy("page_cache"),
+            "cross_rollout_locks": cross_rollout_policy("locks")}
 
 
 # --- wire format -------------------------------------------------------------------------------
