@@ -79,7 +79,7 @@ class FunctionFamily:
     hint: str = ""  # level 1 only: which torch functions help
     held_out: bool = False
     # The aten ops (overload packets) that compute the contract whole, closed under siblings
-    # (tests/test_ban.py searches every aten op): removed in the hidden phase at the hardest level.
+    # (tests/test_ban.py searches every aten op): removed in the trial at the hardest level.
     banned: tuple[str, ...] = ()
     own_gradient: bool = False  # a backward whose hardest level removes automatic differentiation
     # Issue 24: the set is gated in float64 alone, as a result family's (families.decided_in_float64).
@@ -92,7 +92,7 @@ class FunctionFamily:
         return self.also_correct.get("by_hand", self.reference)
 
     def ban(self, level: int) -> dict | None:
-        """What the hidden phase removes at this level, as the `hidden` request carries it."""
+        """What the trial removes at this level, as the `trial` request carries it."""
         if level != LEVELS[-1] or not (self.banned or self.own_gradient):
             return None
         return {"ops": list(self.banned), "autograd": not self.own_gradient}
