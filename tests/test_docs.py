@@ -238,9 +238,7 @@ def prime_request():
 @functools.cache
 def rubric() -> str:
     """The metrics table's rows, `name` and weight, as load_environment's rubric has them."""
-    import logging
     from ptenv.env.classic import load_environment
-    logging.getLogger("verifiers.pytorch_env").disabled = True  # the mode line, once per load
     ours = load_environment(kind="function", num_train_examples=1).rubric.rubrics[0]
     return " ".join(f"{f.__name__}={w:g}" for f, w in zip(ours.funcs, ours.weights))
 
