@@ -327,6 +327,14 @@ def claims() -> list[Claim]:
                        round(constant(memory, "MIN_POLL")() * 1000)), "memory.MEMORY_POLL, MIN_POLL, FAULT_RATE_KB"),
         Claim("docs/sandbox.md", r"\((\d+) KiB at most each, without huge pages\)", constant(memory, "FAULT_KB"), "memory.FAULT_KB"),
         Claim("docs/sandbox.md", r"a private `/dev/pts` \((\d+) ptys\)", lambda: limits().ptys, "Limits.ptys"),
+        Claim("docs/sandbox.md", r"The supervisor runs as another and keeps only (.*?)\. The model cannot",
+              lambda: " ".join(sorted(n for n, v in vars(__import__("ptenv.inside.syscalls", fromlist=["_"])).items()
+                                      if n.startswith("CAP_") and v in constant("ptenv.inside.isolation", "SUPERVISOR_CAPS")())),
+              "isolation.SUPERVISOR_CAPS", parse=lambda text: " ".join(sorted(re.findall(r"`(\w+)`", text)))),
+        Claim("docs/sandbox.md", r"A second seccomp filter keeps (.*?) off PID 1",
+              lambda: " ".join(sorted(set(constant("ptenv.inside.seccomp", "MODEL_RULES")()) - {"setns"})),
+              "seccomp.MODEL_RULES (setns aside: the model's own namespace)",
+              parse=lambda text: " ".join(sorted(re.findall(r"`(\w+)`", text)))),
         Claim("docs/sandbox.md", r"address space \((\d+) GiB above what it inherits from the fork server\), (\d+) MiB per "
               r"file, (\d+) open files, no core files, and CPU time (\d+)x the cell limit\. (\d+) processes per model uid",
               lambda: (limits().memory_mb // 1024, limits().file_mb, limits().open_files, limits().cpu_per_cell_limit,
