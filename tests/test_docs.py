@@ -478,6 +478,8 @@ def claims() -> list[Claim]:
         Claim("docs/threat-model.md", r"A private `devpts` of (\d+)", lambda: limits().ptys, "Limits.ptys"),
         Claim("docs/threat-model.md", r"`SIGALRM` at the cell limit \((\d+) s\)", lambda: limits().cell_timeout, "Limits.cell_timeout"),
         Claim("docs/threat-model.md", r"is killed (\d+) s later", lambda: limits().grace, "Limits.grace"),
+        Claim("docs/threat-model.md", r"plus a (\d+) MiB piece", lambda: constant(protocol, "PIECE")() >> 20, "protocol.PIECE"),
+        Claim("docs/threat-model.md", r"`max_turns` calls of up to (\d+) s each", lambda: limits().cell_timeout, "Limits.cell_timeout"),
         Claim("docs/threat-model.md", r"at most (\d+) GiB/s", lambda: constant(memory, "FAULT_RATE_KB")() >> 20, "memory.FAULT_RATE_KB"),
     ]
 
