@@ -17,7 +17,7 @@ from ptenv.tasks.splits import split_version
 from tests.support.report_runs import (ROOT, classic_eval, expected_reasons, expected_rows, markdown_tables,
                          mixed_policy, outcomes, policy_server, report, v1_eval, value_of)
 
-pytestmark = pytest.mark.v1
+pytestmark = [pytest.mark.v1, pytest.mark.slow]  # every test reads a real vf-eval run
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 CLASSIC_VF_EVAL = ROOT / ".venv" / "bin" / "vf-eval"

@@ -67,6 +67,7 @@ async def close(trace) -> None:
     await PyTorchHarness(PyTorchHarnessConfig(id="pytorch-env")).cleanup(trace, None)
 
 
+@pytest.mark.slow
 async def test_setup_preloads_every_input_by_name(task):
     trace = new_trace(task)
     await task.setup(trace, None)
@@ -81,6 +82,7 @@ async def test_setup_preloads_every_input_by_name(task):
         await close(trace)
 
 
+@pytest.mark.slow
 async def test_finalize_grades_the_reference_answer_and_cleanup_deletes_the_sandbox(task):
     trace = new_trace(task)
     await task.setup(trace, None)
@@ -96,6 +98,7 @@ async def test_finalize_grades_the_reference_answer_and_cleanup_deletes_the_sand
         await cell(trace, "print(1)")
 
 
+@pytest.mark.slow
 async def test_a_wrong_answer_scores_zero_without_a_harness_error(task):
     trace = new_trace(task)
     await task.setup(trace, None)
@@ -113,6 +116,7 @@ async def test_a_wrong_answer_scores_zero_without_a_harness_error(task):
     assert trace.info["verdict"]["reason"].startswith("values:")
 
 
+@pytest.mark.slow
 async def test_a_dead_sandbox_at_finalize_is_a_typed_failure_with_its_reason_recorded(task):
     trace = new_trace(task)
     await task.setup(trace, None)
@@ -130,6 +134,7 @@ async def test_a_dead_sandbox_at_finalize_is_a_typed_failure_with_its_reason_rec
     assert trace.rewards == {} and trace.metrics == {"harness_error": 1.0}
 
 
+@pytest.mark.slow
 async def test_the_relay_passes_replies_and_timeouts_through(task):
     trace = new_trace(task)
     await task.setup(trace, None)
@@ -141,7 +146,7 @@ async def test_the_relay_passes_replies_and_timeouts_through(task):
             await relay.execute_command(trace.state.sandbox_id, "sleep 10", timeout=0.5)
         cell = await relay.call(trace.state.sandbox_id, "run_cell", {"code": "print(6 * 7)"}, 10)
         assert cell["stdout"] == "42\n" and cell["status"] == "ok"
-        for op in ("result", "preload"):  # the read-back and the inputs stay the eval process's
+        for op in ("read_result", "preload"):  # the read-back and the inputs stay the eval process's
             with pytest.raises(RelayError, match=f"not '{op}'"):
                 await relay.call(trace.state.sandbox_id, op, {}, 10)
     finally:
@@ -200,6 +205,7 @@ def processes_marked(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_vf_eval_reference_policy_scores_45_of_45(policy_url, tmp_path):
     traces = run_vf_eval(policy_url, "reference", tmp_path, N_TASKS)
     assert len({t["task"]["data"]["id"] for t in traces}) == len(traces) == N_TASKS
@@ -208,6 +214,7 @@ def test_vf_eval_reference_policy_scores_45_of_45(policy_url, tmp_path):
     assert all(t["info"]["scoring_error"] is None and t["metrics"]["harness_error"] == 0.0 for t in traces)
 
 
+@pytest.mark.slow
 def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, tmp_path):
     traces = run_vf_eval(policy_url, "null", tmp_path, N_TASKS)
     assert len(traces) == N_TASKS
@@ -215,6 +222,7 @@ def test_vf_eval_null_policy_scores_0_of_45_without_a_harness_error(policy_url, 
     assert all(t["info"]["scoring_error"] is None and t["info"]["verdict"]["reason"] == "no result" for t in traces)
 
 
+@pytest.mark.slow
 def test_vf_eval_malformed_tool_calls_leave_the_rollout_whole(policy_url, tmp_path, monkeypatch):
     # The malformed calls are tool messages the model reads (v1 checks types itself; text and the
     # harness's own requests are ours); the reference solution then scores 1.0 in the same sandbox.
@@ -257,6 +265,7 @@ def unsendable_policy(row, messages, tools):
     return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
 
 
+@pytest.mark.slow
 def test_vf_eval_a_call_verifiers_cannot_send_stops_the_rollout_as_the_models(policy_url, tmp_path, monkeypatch):
     # verifiers 0.4's chat program would die on these calls (the next test), a harness error. The
     # task's Response stop ends the rollout on the reply before the program gets it: no scoring_error,
@@ -277,6 +286,7 @@ def test_vf_eval_a_call_verifiers_cannot_send_stops_the_rollout_as_the_models(po
     assert sorted(sent) == sorted(UNSENDABLE + UNSENDABLE[:1])
 
 
+@pytest.mark.slow
 def test_vf_eval_without_the_stop_verifiers_fails_the_rollout_on_a_lone_surrogate(policy_url, tmp_path, monkeypatch):
     # What unsendable_tool_arguments prevents; once this fails, verifiers passes such calls on and the
     # stop can go. The chat program's MCP client cannot encode the call as UTF-8 (httpx2's
@@ -300,6 +310,7 @@ def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():
         list(PyTorchTaskset(PyTorchTasksetConfig(tiers="master")))
 
 
+@pytest.mark.slow
 def test_vf_eval_reference_policy_scores_generated_test_rows(tmp_path):
     instances = select(["intermediate"], "test", 4, 5)
     dataset = tmp_path / "rows.jsonl"
@@ -316,6 +327,7 @@ def test_vf_eval_reference_policy_scores_generated_test_rows(tmp_path):
     assert all(t["task"]["data"]["info"]["tier"] == "intermediate" for t in traces)
 
 
+@pytest.mark.slow
 def test_bash_runs_in_the_cells_sandbox_and_not_on_the_host(policy_url, tmp_path, monkeypatch):
     def probe(row, messages, tools):
         """bash writes a file and looks around; a cell reads the file back, then answers."""
@@ -341,6 +353,7 @@ def call(name: str, **arguments) -> dict:
     return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
 
 
+@pytest.mark.slow
 def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
     count = len(hostile_functions.ANSWERS)
     instances = select(["intermediate"], "train", count, 0, "function", 1)
@@ -367,6 +380,7 @@ def test_vf_eval_grades_function_tasks_on_hidden_inputs(tmp_path):
         assert trace["info"]["verdict"]["reason"].startswith(("hidden case", "no ```python block", "the answer's code block")), where
 
 
+@pytest.mark.slow
 def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
     """tests/test_ban_hostile.py's vf-eval run on this line: the rows are named (--select.include.idx)."""
     from tests import test_ban_hostile as ban

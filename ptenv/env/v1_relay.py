@@ -2,8 +2,8 @@
 
 verifiers 0.4 serves tools from a separate process, but a local sandbox belongs to the process
 that created it and dies with it. So the eval process keeps owning every sandbox (Task.setup
-creates it, Task.finalize reads `result` back, the harness cleanup deletes it) and relays the two
-tools' calls, a shell command (`execute_command`) and a cell (the transport's `exec` call), from
+creates it, Task.finalize reads `result` back, PyTorchHarness.cleanup deletes it) and relays the two
+tools' calls, a shell command (`execute_command`) and a cell (the transport's `run_cell` request), from
 the tool server over a unix socket in a directory only its owner can enter. Sandbox processes
 never see that directory. Nothing else crosses: no create, no preload, no read-back, no delete.
 """

@@ -1,4 +1,4 @@
-"""Whose failure it is: the question every failure while grading a rollout must answer.
+"""Whose failure it is: the question every failure while assessing a rollout must answer.
 
 A ModelFault is the model's doing: its answer, or anything its processes sent or failed to send.
 The rollout scores 0.0, and the verdict says why. A HarnessFault is ours: a sandbox that did not

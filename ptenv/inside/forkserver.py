@@ -1,7 +1,7 @@
 """The fork server: imports torch once, then forks one supervisor per sandbox on the host's request.
 
     bwrap -> fork server (root, or rootless uid 0 of a user namespace; imports torch once)
-               -> supervisor (PID 1 of its own pid/mount/net/ipc/uts namespaces; the harness)
+               -> supervisor (PID 1 of its own pid/mount/net/ipc/uts namespaces; serves the host's requests)
                     -> interpreter   (runs the model's cells; the model's identity, isolation.py)
                     -> /bin/sh   (one per bash command; the model's identity)
 

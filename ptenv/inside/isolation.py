@@ -1,6 +1,6 @@
 """How a local sandbox is walled in, in two steps with a trust boundary between them.
 
-The supervisor (PID 1 of the sandbox, the harness) keeps just the capabilities it needs to manage
+The supervisor (PID 1 of the sandbox, ours) keeps just the capabilities it needs to manage
 the model's processes; the model's processes (the interpreter and every shell) run with none, as
 another identity:
 
