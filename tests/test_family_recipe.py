@@ -18,7 +18,7 @@ import build_tasks
 from ptenv.tasks import fn_basic, functions, splits, tiers
 from ptenv.tasks.families import normal, randint, uniform
 from ptenv.tasks.functions import Case, FunctionFamily
-from tests import test_ban, test_docs, test_function_families
+from tests import test_allowlist, test_docs, test_function_families
 
 ROOT = Path(__file__).resolve().parents[1]
 TIER = "basic"
@@ -60,10 +60,24 @@ FAMILY = FunctionFamily(
             "    return (grad_out * torch.sigmoid(x),)\n",
     },
     hint="the derivative of softplus is the sigmoid.",
-    banned=("softplus_backward",),
     own_gradient=True,
 )
-SHORT_ID = FAMILY.id.split("/")[-1]
+# The contract's words as code (the recipe's step 3 adds it to also_correct).
+LITERAL = ("def softplus_backward(x, grad_out):\n"
+           "    return (grad_out / (1 + torch.exp(-x)),)\n")
+# With the family's allowlist installed and sealed, as a caller has it: the op its reference calls.
+OFF_THE_LIST = """
+import sys, torch
+from ptenv.inside import allowlist
+from ptenv.tasks.tiers import find_family
+allowlist.install(set(find_family(sys.argv[1])[1].allowlist(2)["allow"]))
+x = torch.ones(2, 3)
+try:
+    torch.ops.aten.softplus_backward(x, x, 1.0, 20.0)
+    print("ran")
+except RuntimeError as e:
+    print(str(e).splitlines()[0])
+"""
 
 
 def recipe_steps(text: str) -> list[str]:
@@ -89,7 +103,8 @@ class Recipe:
         with pytest.raises(KeyError):
             tiers.find_family(FAMILY.id)  # a new id
         assert re.fullmatch(r"[a-z_]+/[a-z0-9_]+_fn", FAMILY.id)
-        assert 3 <= len(FAMILY.cases) <= 8 and 1 <= len(FAMILY.wrong) <= 3 and FAMILY.hint
+        assert 3 <= len(FAMILY.cases) <= 8 and 2 <= len(FAMILY.wrong) <= 4 and FAMILY.hint
+        assert FAMILY.allowed == () and FAMILY.banned == ()  # BASE is this contract's allowlist
 
     def add_it_to_the_tiers_families(self):
         assert FAMILY not in tiers.families(TIER, "train", "function")
@@ -97,40 +112,37 @@ class Recipe:
         assert tiers.find_family(FAMILY.id) == (TIER, FAMILY)
         assert tiers.FUNCTION_TIERS[TIER][-1] is FAMILY
 
-    def set_the_ban_fields(self):
-        # Without them level 2 would leave in place the op that computes the contract.
-        assert dataclasses.replace(FAMILY, banned=(), own_gradient=False).ban(2) is None
-        assert FAMILY.ban(1) is None and FAMILY.ban(2) == {"ops": ["softplus_backward"], "autograd": False}
-        question = FAMILY.instance(TIER, 0, 2).row()["question"]
-        assert "`torch.ops.aten.softplus_backward`" in question and "automatic differentiation" in question
-        assert FAMILY.by_hand == FAMILY.also_correct["by_hand"]
+    def write_the_literal(self):
+        with pytest.raises((KeyError, AssertionError)):
+            test_function_families.test_every_family_lists_a_literal_implementation_of_its_signature(FAMILY)
+        self.replace_family(dataclasses.replace(FAMILY, also_correct={**FAMILY.also_correct, "literal": LITERAL}))
+        test_function_families.test_every_family_lists_a_literal_implementation_of_its_signature(FAMILY)
 
-    def update_the_ban_lists(self):
-        threat_model = self.tmp / "threat-model.md"
-        threat_model.write_text(self.read("docs/threat-model.md"))
-        self.patch.setattr(test_ban, "FAMILIES", [*test_ban.FAMILIES, FAMILY])
-        self.patch.setattr(test_ban, "BANNED", [*test_ban.BANNED, FAMILY])
-        self.patch.setattr(test_ban, "THREAT_MODEL", threat_model)
-        checks = (test_ban.test_every_family_relying_on_a_ban_has_one,
-                  test_ban.test_the_threat_model_lists_the_families_whose_banned_op_has_a_python_decomposition)
-        for check in checks:
-            with pytest.raises(AssertionError):
-                check()
-        self.patch.setattr(test_ban, "BANNED_FAMILIES", test_ban.BANNED_FAMILIES | {SHORT_ID})
-        self.patch.setattr(test_ban, "OWN_GRADIENT_FAMILIES", test_ban.OWN_GRADIENT_FAMILIES | {SHORT_ID})
-        # softplus_backward has a Python decomposition in torch: the family joins the threat model's list.
-        listed = re.search(r"exposed this way.*?:\n(.*?)\n- ", threat_model.read_text(), re.S).group(1)
-        text = threat_model.read_text().replace(listed, listed.rstrip(".") + f", `{FAMILY.id}`.")
-        threat_model.write_text(text)
-        self.edited["docs/threat-model.md"] = text
-        for check in checks:
-            check()
+    def set_the_allowlist_fields(self):
+        # Without own_gradient level 2 would leave autograd, which computes the contract from softplus
+        # written in allowed ops; the reference's op is off the allowlist, so by_hand is what passes.
+        assert dataclasses.replace(FAMILY, own_gradient=False).allowlist(2)["autograd"] is True
+        assert FAMILY.allowlist(1) is None and FAMILY.allowlist(2)["autograd"] is False
+        assert "aten::softplus_backward" not in FAMILY.allowlist(2)["allow"]
+        question = FAMILY.instance(TIER, 0, 2).row()["question"]
+        assert "only these operations run" in question and "Automatic differentiation is removed" in question
+        assert FAMILY.by_hand == FAMILY.also_correct["by_hand"] != FAMILY.reference
+        self.patch.setattr(test_allowlist, "FAMILIES", [*test_allowlist.FAMILIES, FAMILY])
+        test_allowlist.test_every_family_has_an_allowlist_at_its_hardest_level_only()
+
+    def replace_family(self, family):
+        """The family, rebuilt with a field the recipe adds, in place in the tier's list."""
+        global FAMILY
+        if FAMILY in TIER_FAMILIES:
+            TIER_FAMILIES[TIER_FAMILIES.index(FAMILY)] = family
+        FAMILY = family
 
     def run_the_gates(self):
         family_checks = [test_function_families.test_the_contract_states_every_hidden_case_class,
                          test_function_families.test_hidden_sets_pass_the_gates_for_many_keys,
                          test_function_families.test_every_wrong_implementation_fails_a_case_of_every_kept_set,
                          test_function_families.test_every_other_correct_implementation_passes_every_kept_set,
+                         test_function_families.test_the_literal_never_forces_a_redraw,
                          test_function_families.test_rows_are_byte_identical_and_parse]
         for check in family_checks:
             check(FAMILY)
@@ -139,11 +151,15 @@ class Recipe:
         # The gates gate: a family whose "wrong" implementation is right has no set to keep.
         with pytest.raises(ValueError, match="passes every case"):
             functions.gated_draw(dataclasses.replace(FAMILY, wrong={"right": FAMILY.by_hand}), "gate", 8)
-        # tests/test_ban.py's quick checks, on this family (registered in the child as here).
-        register = f"from ptenv.tasks import fn_{TIER}\nfrom tests.test_family_recipe import FAMILY\nfn_{TIER}.FAMILIES.append(FAMILY)\n"
-        for script, expect in ((test_ban.UNDER_THE_BAN, lambda out: [line.rsplit(" ", 1)[-1] for line in out.splitlines()]
-                                == ["match"] * 8),  # by_hand matches the reference on 8 cases, under the sealed ban
-                               (test_ban.BANNED_CALL, lambda out: out.startswith("aten::") and test_ban.NAMES_THE_BAN in out)):
+        # tests/test_allowlist.py's quick checks, on this family (registered in the child as here): by_hand
+        # matches the reference on 8 cases under the sealed allowlist; the reference's op is off it.
+        register = (f"from ptenv.tasks import fn_{TIER}\nfrom tests.test_family_recipe import FAMILY, LITERAL\n"
+                    f"import dataclasses\nfn_{TIER}.FAMILIES.append(dataclasses.replace(FAMILY, also_correct="
+                    f"{{**FAMILY.also_correct, 'literal': LITERAL}}))\n")
+        for script, expect in ((test_allowlist.UNDER_THE_ALLOWLIST, lambda out: [line.rsplit(" ", 1)[-1] for line in out.splitlines()]
+                                == ["match"] * 8),
+                               (OFF_THE_LIST, lambda out: out.startswith("aten::softplus_backward ")
+                                and test_allowlist.NAMES_THE_RULE in out)):
             done = subprocess.run([sys.executable, "-c", register + script, FAMILY.id], capture_output=True, text=True,
                                   timeout=240, cwd=ROOT)
             assert done.returncode == 0 and expect(done.stdout), done.stdout + done.stderr[-2000:]
@@ -189,8 +205,8 @@ class Recipe:
 STEPS = [
     ("Write the family", Recipe.write_the_family),
     ("Add it to the tier's `FAMILIES`", Recipe.add_it_to_the_tiers_families),
-    ("Set the ban fields", Recipe.set_the_ban_fields),
-    ("Update the ban lists", Recipe.update_the_ban_lists),
+    ("Write the literal", Recipe.write_the_literal),
+    ("Set the allowlist fields", Recipe.set_the_allowlist_fields),
     ("Run the gates", Recipe.run_the_gates),
     ("Rewrite the split manifest", Recipe.rewrite_the_split_manifest),
     ("Update the counts", Recipe.update_the_counts),
@@ -204,9 +220,12 @@ def test_the_recipe_numbers_exactly_the_steps_this_test_follows():
 
 @pytest.fixture
 def recipe(monkeypatch, tmp_path):
+    global FAMILY
+    first = FAMILY
     yield Recipe(monkeypatch, tmp_path)
     if FAMILY in TIER_FAMILIES:
         TIER_FAMILIES.remove(FAMILY)
+    FAMILY = first
     splits.split_version.cache_clear()  # it may hold the temporary manifest's version
 
 

@@ -59,7 +59,7 @@ def to_bytes(tensor: torch.Tensor) -> tuple[dict, bytearray]:
         raise CodecError(f"unsupported dtype {tensor.dtype}")
     nbytes = byte_count(DTYPE_NAMES[tensor.dtype], list(tensor.shape))  # what the host will accept
     # One copy of the bytes into a buffer we own (bytes(untyped_storage()) goes element by element:
-    # 7 s for 1M), without ctypes, which a function task's ban removes from the caller.
+    # 7 s for 1M), without ctypes, whose calls a function task's level-2 allowlist stubs out in the caller.
     raw = bytearray(nbytes)
     if nbytes:
         torch.frombuffer(raw, dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))

@@ -281,8 +281,8 @@ def _unfold(g, *, mode=None, strided=False, dtype=torch.float32, tiny=False):
             "padding": [ph, pw], "dilation": [dh, dw], "padding_mode": mode}
 
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _UNFOLD_BY_HAND = """
 def unfold(x, kernel_size, stride, padding, dilation, padding_mode):
     N, C, H, W = x.shape
@@ -432,8 +432,8 @@ _FOLD_REF = (
     "    return torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))\n"
 )
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _FOLD_BY_HAND = """
 def fold(cols, output_size, kernel_size, stride, padding, dilation, reduction):
     N, CK, _ = cols.shape
@@ -835,8 +835,8 @@ _CUMUL_REF = (
     "    return out.flip(dim) if reverse else out\n"
 )
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _CUMULATIVE_BY_HAND = """
 def cumulative(x, dim, op, reverse, exclusive):
     y = x.flip(dim) if reverse else x

@@ -158,8 +158,8 @@ _CTC_REF = (
     "                      reduction=reduction, zero_infinity=True)\n"
 )
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _CTC_LOSS_BY_HAND = """
 def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction):
     T, N, C = log_probs.shape
@@ -417,8 +417,8 @@ _GRID_REF = (
     "    return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)\n"
 )
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _GRID_SAMPLE_BY_HAND = """
 def grid_sample(input, grid, mode, padding_mode, align_corners):
     N, C, H, W = input.shape
@@ -877,8 +877,8 @@ _CONVT_REF = (
     "                              output_padding=output_padding, groups=groups, dilation=dilation)\n"
 )
 
-# The reference calls an op the ban removes; this reimplements it from basic ops (it passes
-# the hidden cases under the ban: tests/test_ban.py).
+# The reference calls an op the allowlist leaves out; this reimplements it from allowed ops (it
+# passes the hidden cases under the allowlist: tests/test_allowlist.py).
 _CONV_TRANSPOSE1D_BY_HAND = """
 def conv_transpose1d(x, weight, bias, stride, padding, output_padding, dilation, groups):
     N, Cin, L = x.shape
