@@ -402,6 +402,7 @@ def test_vf_eval_scores_every_way_around_the_ban_zero(tmp_path):
                       for final, t in zip(finals, traces)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channel", ["page_cache", "locks"])
 def test_vf_eval_a_channel_carries_a_writers_cases_and_the_reader_gains_nothing(tmp_path, channel):
     """tests/test_cross_rollout.py's vf-eval runs on this line."""
