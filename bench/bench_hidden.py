@@ -43,8 +43,13 @@ def own_cpu() -> float:
 
 
 def cpu(pid: int) -> float:
-    """A process's CPU and that of the children it reaped, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """A process's CPU and that of the children it reaped, in seconds. One gone since the first count
+    (the model's interpreter, which the trial's end_session kills) counts 0: its parent, counted too,
+    reaped it, so its CPU is in the parent's cutime and cstime."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     return sum(int(v) for v in fields[11:15]) / TICK
 
 
