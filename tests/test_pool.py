@@ -31,15 +31,22 @@ BUSY_THREADS = "import threading\ndef spin():\n    while True:\n        pass\nfo
 
 def fork_servers() -> list[int]:
     """This test's fork servers (not those of other runs on the machine): the ptenv.inside.main processes
-    whose parent is bwrap, not the supervisors and sessions they fork."""
+    whose parent is bwrap, not the trial zygote, supervisors and sessions they fork."""
 
-    def is_forkserver(pid: int) -> bool:
+    def cmdline(pid: int) -> bytes:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read()
+                return f.read()
         except OSError:
-            return False
+            return b""
+
+    def is_forkserver(pid: int) -> bool:
+        args = cmdline(pid)
         return b"ptenv.inside.main\0forkserver" in args and os.path.basename(args.split(b"\0")[0]) != b"bwrap"
+
+    def is_bwrap(pid: int) -> bool:
+        # A supervisor's cmdline reads empty from here, so its interpreter would pass for a fork server.
+        return os.path.basename(cmdline(pid).split(b"\0")[0]) == b"bwrap"
 
     def parent(pid: int) -> int:
         try:
@@ -48,7 +55,7 @@ def fork_servers() -> list[int]:
         except OSError:
             return 0
 
-    return [pid for pid in proctree.tree([os.getpid()]) if is_forkserver(pid) and not is_forkserver(parent(pid))]
+    return [pid for pid in proctree.tree([os.getpid()]) if is_forkserver(pid) and is_bwrap(parent(pid))]
 
 
 async def evaluate(env, url: str, n: int, rollouts: int) -> list[dict]:

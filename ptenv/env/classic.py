@@ -83,7 +83,7 @@ class PyTorchEnv(SandboxEnv):
 
     async def post_rollout(self, state: vf.State):
         """Read `result` back and grade it on the host. Never raises: SandboxEnv deletes the sandbox after."""
-        draw = self.draws.pop(state["trajectory_id"], None)
+        draw = self.draws.pop(state.get("trajectory_id"), None)  # a state built by hand may have none
         if draw is not None:
             state["info"].update(draw.info)
         if state.get("error") is not None:  # setup, a tool or the model endpoint failed: not the model's answer
