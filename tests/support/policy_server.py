@@ -198,8 +198,10 @@ def cross_rollout_policy(channel: str):
         if any("TABLE=" in reply for reply in replies):
             table = next(r for r in replies if "TABLE=" in r).split("TABLE=", 1)[1].split("\n", 1)[0].strip()
             return _say(f"Reader:\n```python\n{cross_rollout.reader_answer(name, params, table)}```\n")
-        if replies:
+        if replies and ("NOT READY" not in replies[-1] or len(replies) >= cross_rollout.WAITS):
             return _say(f"Reader: the cell printed no table: {replies[-1][:2000]}")
+        if replies:  # the writer's last case is not in yet: wait again
+            return _call("execute_code", {"code": cross_rollout.reader_cell(channel, name, reference)})
         with _turns_lock:
             key = (row["server_port"], channel, name)
             turn = _turns[key] = _turns.get(key, -1) + 1
