@@ -323,9 +323,10 @@ class Pool:
             lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
             reason = lines[-1].strip() if lines else f"it exited with code {self.forkserver.returncode}"
             raise SandboxUnavailableError(
-                f"cannot start the sandbox fork server: {reason}. Linux namespaces are blocked: run the container "
-                "with --security-opt seccomp=unconfined --cap-add SYS_ADMIN,NET_ADMIN,SYS_PTRACE (podman; "
-                "--security-opt unmask=/sys/fs/cgroup adds cgroups) or in a pod that allows them, or use sandbox=\"prime\"; "
+                # within one_line's 300 characters, behind bwrap's own line and the rollout's prefix
+                # (`--security-opt unmask=/sys/fs/cgroup` for cgroups: docs/sandbox.md)
+                f"cannot start the sandbox fork server: {reason}. Namespaces are blocked: use sandbox=\"prime\", "
+                "a pod that allows them, or --security-opt seccomp=unconfined --cap-add SYS_ADMIN,NET_ADMIN,SYS_PTRACE; "
                 f"{NO_FALLBACK}"
             )
         self.forkserver.stderr.close()
