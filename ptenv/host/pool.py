@@ -325,7 +325,7 @@ class Pool:
             raise SandboxUnavailableError(
                 # within one_line's 300 characters, behind bwrap's own line and the rollout's prefix
                 # (`--security-opt unmask=/sys/fs/cgroup` for cgroups: docs/sandbox.md)
-                f"cannot start the sandbox fork server: {reason}. Namespaces are blocked: use sandbox=\"prime\", "
+                f"cannot start the sandbox fork server: {reason}. The namespaces are blocked: use sandbox=\"prime\", "
                 "a pod that allows them, or --security-opt seccomp=unconfined --cap-add SYS_ADMIN,NET_ADMIN,SYS_PTRACE; "
                 f"{NO_FALLBACK}"
             )
