@@ -136,13 +136,7 @@ def test_env_server_workers_draw_from_one_secret(function_server, tmp_path):
     forkservers: dict[int, int] = {}  # bwrap of a fork server -> the worker that started it
 
     def watch():
-        for pid in proctree.tree([os.getpid()]):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"bwrap" in cmdline.split(b"\0")[0] and b"forkserver" in cmdline:
-                    forkservers[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError):
-                continue
+        forkservers.update(proctree.forkserver_bwraps(os.getpid()))
 
     args = ["-n", "4", "-r", "6", "-c", "12", "--num-workers", "2", *FUNCTION_ARGS]
     rows = vf_eval(function_server, args, tmp_path / "out", watch=watch)

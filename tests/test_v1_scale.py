@@ -75,13 +75,7 @@ async def test_env_server_workers_draw_from_the_loading_process_secret(function_
 
     def watch():
         while not watching.wait(0.2):
-            for pid in proctree.tree([server.pid]):
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                    if b"bwrap" in cmdline.split(b"\0")[0] and b"forkserver" in cmdline:
-                        forkservers[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                except (OSError, ValueError):
-                    continue
+            forkservers.update(proctree.forkserver_bwraps(server.pid))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

@@ -32,6 +32,21 @@ def tree(roots: list[int]) -> dict[int, int]:
     return found
 
 
+def forkserver_bwraps(root: int) -> dict[int, int]:
+    """The bwrap processes under `root` that run a sandbox fork server, as {pid: parent pid}."""
+    found = {}
+    for pid in tree([root]):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        stat = _stat(pid)
+        if stat and b"bwrap" in cmdline.split(b"\0")[0] and b"forkserver" in cmdline:
+            found[pid] = stat[1]
+    return found
+
+
 def survivors(snapshot: dict[int, int]) -> list[int]:
     """The processes of a snapshot that still run (a zombie has ended)."""
     alive = []
