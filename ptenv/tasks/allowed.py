@@ -20,7 +20,8 @@ class Group:
 ARITHMETIC = Group(
     "arithmetic and elementwise math (`+ - * / // % **`, `abs`, `neg`, `sign`, `sqrt`, `rsqrt`, `exp`, `log`, "
     "`log1p`, `expm1`, `sin`, `cos`, `tanh`, `sigmoid`, `floor`, `ceil`, `round`, `trunc`, `frac`, `clamp`, "
-    "`minimum`, `maximum`, `fmod`, `remainder`, `torch.div(..., rounding_mode=...)`, `reciprocal`, `nan_to_num`)",
+    "`minimum`, `maximum`, `fmod`, `remainder`, `torch.div(..., rounding_mode=...)`, `reciprocal`, `nan_to_num`, "
+    "`& | ^ ~`, `logical_and`, `logical_or`, `logical_not`)",
     ("add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "abs", "neg",
      "sign", "sgn", "signbit", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos",
      "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "sigmoid", "erf", "erfc", "floor", "ceil",
