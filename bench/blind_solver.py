@@ -4,6 +4,7 @@ final answer per task. Grading happens afterwards, with the environment's own sa
 
     .venv/bin/python bench/blind_solver.py prompts DIR --per-tier 20   # DIR/prompts/<key>.md
     .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 2 --per-tier 10
+    .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 2 --families ID... --per-family 2
     .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs (4 times at most)
     .venv/bin/python bench/blind_solver.py grade DIR                    # DIR/answers/<key>.py
 
@@ -27,7 +28,7 @@ from ptenv.tasks.rows import parse_row
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host.local import LocalSandboxClient
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
-from ptenv.tasks.tiers import FUNCTION_TIERS, TIERS, find_family, select
+from ptenv.tasks.tiers import FUNCTION_TIERS, TIERS, find_family, instance_seed, select
 
 REQUEST = CreateSandboxRequest(name="blind-solver", docker_image="local")
 TIMEOUT = 30  # the environment's cell limit (transports.CELL_TIMEOUT)
@@ -43,8 +44,18 @@ def sample(per_tier: int, seed: int, kind: str, level: int) -> dict[str, dict]:
     return tasks
 
 
-def write_prompts(out: Path, per_tier: int, seed: int, kind: str, level: int) -> None:
-    tasks = sample(per_tier, seed, kind, level)
+def sample_families(family_ids: list[str], per_family: int, seed: int, level: int) -> dict[str, dict]:
+    """key -> {tier, task_id, row}: `per_family` test instances of each function family named."""
+    tasks = {}
+    for family_id in family_ids:
+        tier, family = find_family(family_id)
+        for k in range(per_family):
+            instance = family.instance(tier, instance_seed(seed, k, "test"), level)
+            tasks[f"{tier}-{family.name}-{k}"] = {"tier": tier, "task_id": instance.id, "row": instance.row()}
+    return tasks
+
+
+def write_prompts(out: Path, tasks: dict[str, dict], kind: str) -> None:
     (out / "prompts").mkdir(parents=True, exist_ok=True)
     (out / "answers").mkdir(exist_ok=True)
     key_file(out).write_text(json.dumps(tasks))  # the rows hold the answer key: kept out of the solver's folder
@@ -127,6 +138,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", default="result", choices=["result", "function"])
     p.add_argument("--level", type=int, default=1)
+    p.add_argument("--families", nargs="+", help="function family ids: their test instances instead of every tier's")
+    p.add_argument("--per-family", type=int, default=1)
     t = sub.add_parser("try")
     t.add_argument("out", type=Path)
     t.add_argument("key")
@@ -135,7 +148,9 @@ def main() -> None:
     g.add_argument("out", type=Path)
     args = parser.parse_args()
     if args.command == "prompts":
-        write_prompts(args.out, args.per_tier, args.seed, args.kind, args.level)
+        tasks = sample_families(args.families, args.per_family, args.seed, args.level) if args.families \
+            else sample(args.per_tier, args.seed, args.kind, args.level)
+        write_prompts(args.out, tasks, "function" if args.families else args.kind)
     elif args.command == "try":
         try_code(args.out, args.key, args.code)
     else:
