@@ -1,7 +1,8 @@
 """Function families of the expert tier (ptenv/tasks/functions.py): losses with edge rules torch
-lacks, attention with ALiBi, grid sampling, transposed convolution, masked group norm, and four
-backward passes (the gradients of sum(grad_out * f(...)) with respect to named inputs, returned
-as a tuple). Each family's comment says whether torch computes its contract whole."""
+lacks, attention with ALiBi, grid sampling, transposed convolution, masked group norm, monotonic
+alignment search, and five backward passes (the gradients of sum(grad_out * f(...)) with respect to
+named inputs, returned as a tuple; LSQ's states its own straight-through rule). Each family's
+comment says whether torch computes its contract whole."""
 
 import torch
 
@@ -1043,5 +1044,265 @@ GROUP_NORM = FunctionFamily(
          "(reshape to (N, G, C/G, L)).",
 )
 
+
+
+# --- LSQ fake quantisation backward -------------------------------------------------------------
+# torch does not compute it whole. Autograd over round(clamp(v)) gives no gradient (round's is 0);
+# over a straight-through composition with clamp it passes the gradient at v == qmin and v == qmax
+# (clamp's backward is inclusive), where LSQ's rule (strict) does not; torch's learnable fake
+# quantisation backward (_fake_quantize_learnable_per_tensor_affine_backward) decides the range by
+# round(v) rather than v, so it differs on the range ends and just outside them. The op search
+# (tests/support/op_search.py) finds none. Autograd is removed at level 2 all the same.
+
+
+def _lsq(g, *, kind="typical", rank=1, unsigned=False, dtype=torch.float32):
+    """x = v * step with v on a grid of 1/16 and step a power of two, so v = x / step (and
+    x * (1 / step)) is exact, as is every term grad_out * d (grad_out on a grid of 1/32) and their sum
+    in any order; the sum is kept at least 1 away from 0 so that g times it is far from the
+    absolute tolerance whichever way it is scaled."""
+    qmin, qmax = (0, pick(g, [3, 7, 15])) if unsigned else pick(g, [(-4, 3), (-8, 7), (-2, 1)])
+    step = pick(g, [0.125, 0.25, 0.5, 1.0])
+    shape = (randint(g, 6, 12),) if rank == 1 else (randint(g, 2, 3), randint(g, 2, 3), randint(g, 2, 4))
+    n = 1
+    for s in shape:
+        n *= s
+    v = torch.randint((qmin - 2) * 16, (qmax + 2) * 16 + 1, (n,), generator=g).to(torch.float64) / 16
+    where = torch.randperm(n, generator=g)
+    if kind == "ends":  # exactly on the range ends
+        v[where[0]], v[where[1]] = qmin, qmax
+    elif kind == "halves":  # halfway between integers inside, one of them above an even integer
+        evens = [k for k in range(qmin, qmax) if k % 2 == 0]
+        v[where[0]] = pick(g, evens) + 0.5
+        for k in range(1, 4):
+            v[where[k]] = randint(g, qmin, qmax - 1) + 0.5
+    elif kind == "band":  # just outside the range, where round(v) is still inside it
+        v[where[0]] = qmax + randint(g, 1, 8) / 16
+        v[where[1]] = qmin - randint(g, 1, 7) / 16
+    elif kind == "unsigned":  # zeros (on qmin = 0) and negatives
+        v[where[0]], v[where[1]] = 0.0, -randint(g, 1, 16) / 16
+    inside = (v > qmin) & (v < qmax)
+    d = torch.where(inside, torch.round(v) - v, torch.where(v <= qmin, float(qmin), float(qmax)))
+    for _ in range(50):
+        k = torch.randint(1, 33, (n,), generator=g) * torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+        grad_out = k.to(torch.float64) / 32
+        if abs(float((grad_out * d).sum())) >= 1:
+            break
+    else:
+        grad_out = d.sign().where(d != 0, torch.ones_like(d)) * k.abs() / 32
+    return {"x": (v * step).reshape(shape).to(dtype), "step": torch.tensor(step, dtype=dtype),
+            "qmin": qmin, "qmax": qmax, "grad_out": grad_out.reshape(shape).to(dtype)}
+
+
+_LSQ_REF = (
+    "def lsq_backward(x, step, qmin, qmax, grad_out):\n"
+    "    import math\n"
+    "    v = x / step\n"
+    "    inside = (v > qmin) & (v < qmax)\n"
+    "    below = v <= qmin\n"
+    "    d = torch.where(inside, torch.round(v) - v,\n"
+    "                    torch.where(below, torch.full_like(v, qmin), torch.full_like(v, qmax)))\n"
+    "    g = 1.0 / math.sqrt(x.numel() * qmax)\n"
+    "    grad_x = torch.where(inside, grad_out, torch.zeros_like(grad_out))\n"
+    "    return grad_x, (grad_out * d).sum() * g\n"
+)
+
+_LSQ_BACKWARD_LITERAL = """
+def lsq_backward(x, step, qmin, qmax, grad_out):
+    s = float(step)
+    xs, gos = x.reshape(-1).tolist(), grad_out.reshape(-1).tolist()
+    grad_x = []
+    total = 0.0
+    for xi, go in zip(xs, gos):
+        v = xi / s
+        if qmin < v < qmax:  # inside: straight through round
+            grad_x.append(go)
+            d = round(v) - v  # Python's round: halves to the even integer
+        elif v <= qmin:  # below
+            grad_x.append(0.0)
+            d = qmin
+        else:  # above
+            grad_x.append(0.0)
+            d = qmax
+        total += go * d
+    g = 1 / (x.numel() * qmax) ** 0.5
+    return (torch.tensor(grad_x, dtype=x.dtype).reshape(x.shape), torch.tensor(g * total, dtype=x.dtype))
+"""
+
+LSQ_BACKWARD = FunctionFamily(
+    "autograd/lsq_quantize_backward_fn", "lsq_backward", ("x", "step", "qmin", "qmax", "grad_out"),
+    "`x` is a float tensor of any shape with at least one element (float32 or float64), `step` a positive "
+    "0-dim tensor of the same dtype, `qmin` and `qmax` ints with qmin <= 0 < qmax, and `grad_out` a tensor "
+    "shaped and typed like `x`. The forward is LSQ (Learned Step Size Quantization) fake quantisation: with "
+    "v = x / step, y = round(clamp(v, qmin, qmax)) * step, where round goes to the nearest integer and "
+    "halves go to the even one (as `torch.round`: 2.5 -> 2, -1.5 -> -2). Return the tuple (grad_x, grad_step), "
+    "the backward of sum(grad_out * y) as LSQ defines it, with a straight-through estimator for round. An "
+    "element is inside when qmin < v < qmax (both strict), below when v <= qmin, above when v >= qmax. "
+    "grad_x = grad_out where inside and exactly 0 below or above (so a v exactly equal to qmin or qmax "
+    "passes no gradient, and with qmin = 0 neither does an x of exactly 0). grad_step = g * (the sum over "
+    "all elements of grad_out * d), where d = round(v) - v inside, d = qmin below and d = qmax above, and "
+    "g = 1 / sqrt(numel(x) * qmax) is LSQ's gradient scale. grad_x is shaped like `x`, grad_step is a 0-dim "
+    "tensor, both in the dtype of `x`.",
+    (
+        Case("typical", "LSQ (Learned Step Size Quantization)", lambda g: _lsq(g)),
+        Case("values on the range ends", "a v exactly equal to qmin or qmax", lambda g: _lsq(g, kind="ends")),
+        Case("halfway values", "halves go to the even one", lambda g: _lsq(g, kind="halves")),
+        Case("just outside the range", "above when v >= qmax", lambda g: _lsq(g, kind="band")),
+        Case("unsigned range", "with qmin = 0 neither does an x of exactly 0",
+             lambda g: _lsq(g, kind="unsigned", unsigned=True)),
+        Case("rank-3 input", "any shape", lambda g: _lsq(g, kind=pick(g, ["ends", "band"]), rank=3)),
+        Case("float64 input", "float32 or float64",
+             lambda g: _lsq(g, kind=pick(g, ["halves", "band"]), dtype=torch.float64)),
+    ),
+    _LSQ_REF,
+    wrong={
+        # autograd through a straight-through round after clamp: clamp's gradient is inclusive
+        "inclusive_range": _LSQ_REF.replace("inside = (v > qmin) & (v < qmax)", "inside = (v >= qmin) & (v <= qmax)")
+                                   .replace("below = v <= qmin", "below = v < qmin"),
+        # torch's learnable fake quantisation kernel: the range decided on round(v)
+        "rounded_range": _LSQ_REF.replace("inside = (v > qmin) & (v < qmax)",
+                                          "inside = (torch.round(v) >= qmin) & (torch.round(v) <= qmax)")
+                                 .replace("below = v <= qmin", "below = torch.round(v) < qmin"),
+        "no_gradient_scale": _LSQ_REF.replace("g = 1.0 / math.sqrt(x.numel() * qmax)", "g = 1.0"),
+        "half_up": _LSQ_REF.replace("torch.round(v) - v", "torch.floor(v + 0.5) - v"),
+    },
+    also_correct={
+        "literal": _LSQ_BACKWARD_LITERAL.lstrip(),
+        "scale_each_term": _LSQ_REF.replace("return grad_x, (grad_out * d).sum() * g",
+                                            "return grad_x, (grad_out * d * g).sum()"),
+    },
+    hint="v = x / step; boolean masks inside = (v > qmin) & (v < qmax) and below = v <= qmin; `torch.round` "
+         "rounds half to even; `torch.where` picks d, and the sum of grad_out * d is multiplied by "
+         "1 / sqrt(x.numel() * qmax).",
+    own_gradient=True,
+)
+
+
+# --- monotonic alignment search -----------------------------------------------------------------
+# torch does not compute it (no op searches monotonic paths; the op search
+# (tests/support/op_search.py) finds none); Glow-TTS's maximum_path is Cython, not in this session.
+
+
+def _mas(g, *, kind="typical", dtype=torch.float32):
+    """Values are multiples of 1/8 below 8 in magnitude (padding entries 8), so every path sum is exact
+    in float32 and float64, in any order: ties are ties on every CPU."""
+    b = randint(g, 2, 3) if kind == "padded" else (2 if kind in ("forced", "ties") else randint(g, 1, 2))
+    tt = randint(g, 2, 4)
+    tm = randint(g, tt + (kind == "ties"), tt + 5)
+    if kind == "padded":
+        tt, tm = randint(g, 2, 5), randint(g, 3, 8)
+    if kind == "ties":
+        value = torch.randint(0, 2, (b, tt, tm), generator=g).to(torch.float64)
+        value[1] = randint(g, -8, 8) / 8  # every alignment of the second element ties
+    else:
+        value = torch.randint(-32, 33, (b, tt, tm), generator=g).to(torch.float64) / 8
+    text = torch.full((b,), tt, dtype=torch.int64)
+    mel = torch.full((b,), tm, dtype=torch.int64)
+    if kind == "padded":
+        for i in range(b):
+            mel[i] = randint(g, 1, tm)
+            text[i] = randint(g, 1, min(tt, int(mel[i])))
+        mel[0] = randint(g, 2, tm - 1)  # the first element is padded along both dims
+        text[0] = randint(g, 1, min(tt - 1, int(mel[0])))
+        keep = (torch.arange(tt)[None, :, None] < text[:, None, None]) & (torch.arange(tm)[None, None, :] < mel[:, None, None])
+        value = torch.where(keep, value, torch.full_like(value, 8.0))
+    if kind == "forced":  # one text position, and as many text positions as frames
+        text[0] = 1
+        text[1] = mel[1] = tt
+    return {"value": value.to(dtype), "text_lengths": text, "mel_lengths": mel}
+
+
+_MAS_REF = (
+    "def monotonic_align(value, text_lengths, mel_lengths):\n"
+    "    B, Tt, Tm = value.shape\n"
+    "    path = torch.zeros_like(value)\n"
+    "    for b in range(B):\n"
+    "        n, m = int(text_lengths[b]), int(mel_lengths[b])\n"
+    "        v = value[b, :n, :m]\n"
+    "        q = torch.full((n, m), float('-inf'), dtype=value.dtype)\n"
+    "        q[0, 0] = v[0, 0]\n"
+    "        for j in range(1, m):\n"
+    "            prev = q[:, j - 1]\n"
+    "            down = torch.cat([torch.full((1,), float('-inf'), dtype=value.dtype), prev[:-1]])\n"
+    "            q[:, j] = torch.maximum(prev, down) + v[:, j]\n"
+    "        i = n - 1\n"
+    "        for j in range(m - 1, -1, -1):\n"
+    "            path[b, i, j] = 1\n"
+    "            if j > 0 and i > 0 and bool(q[i - 1, j - 1] > q[i, j - 1]):\n"
+    "                i -= 1\n"
+    "    return path\n"
+)
+
+_MONOTONIC_ALIGN_LITERAL = """
+def monotonic_align(value, text_lengths, mel_lengths):
+    import itertools
+    B, Tt, Tm = value.shape
+    path = torch.zeros(B, Tt, Tm, dtype=value.dtype)
+    for b in range(B):
+        n, m = int(text_lengths[b]), int(mel_lengths[b])
+        scores = value[b].tolist()
+        best, chosen = None, []
+        for ups in itertools.combinations(range(1, m), n - 1):  # the frames where the index goes up by 1
+            a, i = [], 0
+            for j in range(m):
+                i += j in ups
+                a.append(i)
+            total = sum(scores[a[j]][j] for j in range(m))
+            if best is None or total > best:
+                best, chosen = total, [a]
+            elif total == best:
+                chosen.append(a)
+        top = [max(a[j] for a in chosen) for j in range(m)]  # the largest index at every frame
+        assert top in chosen
+        for j in range(m):
+            path[b, top[j], j] = 1
+    return path
+"""
+
+MONOTONIC_ALIGN = FunctionFamily(
+    "nn_modules/monotonic_align_fn", "monotonic_align", ("value", "text_lengths", "mel_lengths"),
+    "`value` is a float tensor of shape (B, Tt, Tm) (B, Tt, Tm >= 1; float32 or float64): value[b, i, j] scores "
+    "text position i against mel frame j. `text_lengths` and `mel_lengths` are int64 tensors of shape (B,) "
+    "with 1 <= text_lengths[b] <= mel_lengths[b], text_lengths[b] <= Tt and mel_lengths[b] <= Tm. For batch "
+    "element b with n = text_lengths[b] and m = mel_lengths[b], a monotonic alignment gives each frame j < m "
+    "one text index a[j], with a[0] = 0, a[m-1] = n-1 and a[j+1] - a[j] equal to 0 or 1 (so every text "
+    "index gets at least one frame, and each index's frames are consecutive); its score is the sum over "
+    "j < m of value[b, a[j], j]. Return the maximum-sum alignment (as Glow-TTS's monotonic alignment search) "
+    "as a 0/1 tensor `path` of shape (B, Tt, Tm) with the dtype of `value`: path[b, a[j], j] = 1 for j < m, "
+    "and 0 everywhere else, so the padding (i >= n or j >= m) is 0 and padded entries of `value` are ignored "
+    "whatever they hold. Ties: among the maximum-sum alignments, return the one whose index a[j] is the "
+    "largest at every frame j (one always exists; Glow-TTS's backtracking finds it, going back from the "
+    "last frame and moving to the lower index only where that index's best prefix score is strictly "
+    "greater). Sums are exact: on the hidden inputs every value is a multiple of 1/8 below 10 in magnitude, "
+    "so float sums in any order give the same ties.",
+    (
+        Case("typical", "the maximum-sum alignment", lambda g: _mas(g)),
+        Case("tied scores", "Ties: among the maximum-sum alignments", lambda g: _mas(g, kind="ties")),
+        Case("padded batch", "the padding (i >= n or j >= m) is 0", lambda g: _mas(g, kind="padded")),
+        Case("forced alignments", "a[0] = 0, a[m-1] = n-1", lambda g: _mas(g, kind="forced")),
+        Case("float64 input", "float32 or float64", lambda g: _mas(g, kind=pick(g, ["ties", "padded"]), dtype=torch.float64)),
+    ),
+    _MAS_REF,
+    wrong={
+        "ties_move_down": _MAS_REF.replace("bool(q[i - 1, j - 1] > q[i, j - 1])", "bool(q[i - 1, j - 1] >= q[i, j - 1])"),
+        "lengths_ignored": _MAS_REF.replace("n, m = int(text_lengths[b]), int(mel_lengths[b])", "n, m = Tt, Tm"),
+        "greedy_forward":
+            "def monotonic_align(value, text_lengths, mel_lengths):\n"
+            "    B, Tt, Tm = value.shape\n"
+            "    path = torch.zeros_like(value)\n"
+            "    for b in range(B):\n"
+            "        n, m = int(text_lengths[b]), int(mel_lengths[b])\n"
+            "        i = 0\n"
+            "        path[b, 0, 0] = 1\n"
+            "        for j in range(1, m):\n"
+            "            if i < n - 1 and (n - 1 - i == m - j or bool(value[b, i + 1, j] > value[b, i, j])):\n"
+            "                i += 1\n"
+            "            path[b, i, j] = 1\n"
+            "    return path\n",
+    },
+    also_correct={"literal": _MONOTONIC_ALIGN_LITERAL.lstrip()},
+    hint="dynamic programming over frames: q[i, j] = value[i, j] + max(q[i, j-1], q[i-1, j-1]) (unreachable "
+         "cells -inf), then backtrack from (n-1, m-1), moving to i-1 only where q[i-1, j-1] > q[i, j-1].",
+)
+
 FAMILIES = [CROSS_ENTROPY, CTC_LOSS, ATTENTION_ALIBI, GRID_SAMPLE, LAYER_NORM_BACKWARD, MASKED_SOFTMAX_BACKWARD,
-            BATCH_NORM_BACKWARD, RNN_CELL_BACKWARD, CONV_TRANSPOSE1D, GROUP_NORM]
+            BATCH_NORM_BACKWARD, RNN_CELL_BACKWARD, CONV_TRANSPOSE1D, GROUP_NORM, LSQ_BACKWARD, MONOTONIC_ALIGN]
