@@ -825,5 +825,281 @@ GRAD_ACCUMULATION = FunctionFamily(
     hint="`Tensor.split` for the micro-batches, `backward()` accumulates, then `torch.nn.utils.clip_grad_norm_`.",
 )
 
+
+# ---------------------------------------------------------------- issue 38: contracts no library computes whole
+
+
+def _trimmed(g, *, k=None, n=None, middle=False, ties=False, dtype=torch.float32):
+    k = randint(g, 1, 3) if k is None else k
+    if n is None:
+        n = 2 * k + 1 if middle else randint(g, 2 * k + 2, 2 * k + 7)
+    c = randint(g, 1, 4)
+    # Each column about an offset of 3 to 4 (either sign), so no mean cancels near 0, where another float32
+    # order of the same sum would differ by a good part of the tolerance (issue 35).
+    offset = away_from_zero(g, c, torch.float64)
+    if ties:  # a few levels half a unit apart in each column: equal values straddle the cuts
+        noise = torch.randint(-2, 3, (n, c), generator=g).double() / 2
+    else:
+        noise = normal(g, n, c, dtype=torch.float64)
+    return {"x": (offset + noise).to(dtype), "k": k}
+
+
+_TRIMMED_MEAN_LITERAL = """
+def trimmed_mean(x, k):
+    N, C = x.shape
+    out = torch.empty(C, dtype=x.dtype)
+    for c in range(C):
+        column = sorted(x[:, c].tolist())
+        kept = column[k:N - k]  # drop the k smallest and the k largest
+        out[c] = sum(kept) / len(kept)
+    return out
+"""
+
+TRIMMED_MEAN = FunctionFamily(
+    "tensor_ops/trimmed_mean_fn", "trimmed_mean", ("x", "k"),
+    "`x` is a float tensor of shape (N, C) (float32 or float64; C >= 1) and `k` an int with k >= 0 and N >= 2k + 1. "
+    "Return the tensor of shape (C,) and the dtype of `x` whose entry `c` is the trimmed mean of column `x[:, c]`: "
+    "sort the column, drop its k smallest and its k largest entries, and return the mean of the N - 2k entries "
+    "left. Exactly k entries are dropped at each end even when equal values (ties) straddle a cut: which of the "
+    "equal copies are dropped does not change the value, and the copies not dropped stay in the mean. With k = 0 "
+    "it is the plain mean of the column; with N = 2k + 1 it is the column's middle value (its median).",
+    (
+        Case("typical", "the trimmed mean of column", lambda g: _trimmed(g)),
+        Case("tied values", "equal values (ties)", lambda g: _trimmed(g, ties=True)),
+        Case("k is 0", "With k = 0", lambda g: _trimmed(g, k=0, n=randint(g, 1, 8))),
+        Case("one value left", "with N = 2k + 1", lambda g: _trimmed(g, k=randint(g, 1, 4), middle=True)),
+        Case("float64 input", "float32 or float64", lambda g: _trimmed(g, ties=randint(g, 0, 1) == 1, dtype=torch.float64)),
+    ),
+    "def trimmed_mean(x, k):\n"
+    "    n = x.shape[0]\n"
+    "    return x.sort(dim=0).values[k:n - k].mean(dim=0)\n",
+    wrong={
+        "slice_to_minus_k":
+            "def trimmed_mean(x, k):\n"
+            "    return x.sort(dim=0).values[k:-k].mean(dim=0)\n",
+        "keeps_tied_copies":
+            "def trimmed_mean(x, k):\n"
+            "    s = x.sort(dim=0).values\n"
+            "    keep = (x >= s[k]) & (x <= s[x.shape[0] - 1 - k])\n"
+            "    return (x * keep).sum(0) / keep.sum(0)\n",
+        "drops_tied_copies":
+            "def trimmed_mean(x, k):\n"
+            "    if k == 0:\n"
+            "        return x.mean(0)\n"
+            "    s = x.sort(dim=0).values\n"
+            "    keep = (x > s[k - 1]) & (x < s[x.shape[0] - k])\n"
+            "    return (x * keep).sum(0) / keep.sum(0)\n",
+        "divides_by_n":
+            "def trimmed_mean(x, k):\n"
+            "    n = x.shape[0]\n"
+            "    return x.sort(dim=0).values[k:n - k].sum(dim=0) / n\n",
+    },
+    also_correct={"literal": _TRIMMED_MEAN_LITERAL.lstrip()},
+    hint="`torch.sort(x, dim=0).values`, then the mean of its rows k to N - k - 1.",
+    allowed=(SORT,),
+)
+
+
+def _sink(g, *, n=None, s=None, singles=False, far=False, empty=0, dtype=torch.float32):
+    s = randint(g, 2, 4) if s is None else s
+    n = randint(g, 6, 12) if n is None else n
+    if singles:  # every entry alone in its segment (some segments empty)
+        s = n + randint(g, 0, 2)
+        seg = torch.randperm(s, generator=g)[:n]
+    else:
+        used = torch.randperm(s, generator=g)[: s - empty]
+        seg = used[torch.randint(0, len(used), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
+    x = normal(g, n, scale=2.0, dtype=torch.float64)
+    if far:  # a segment where float32's exp overflows, one about a hundred below it near 0, the rest anywhere
+        offsets = torch.cat([uniform(g, 100.0, 115.0, 1, dtype=torch.float64), uniform(g, -10.0, 0.0, 1, dtype=torch.float64),
+                             uniform(g, -115.0, 115.0, s - 2, dtype=torch.float64)])
+        # At most 125 in absolute value: there the float32 rounding of a log-sum-exp (`exp(x - logsumexp)`, another
+        # correct way) stays within half a tolerance; at 300 it is 1.5 tolerances off.
+        x = (x + offsets[torch.randperm(s, generator=g)][seg]).clamp(-125.0, 125.0)
+    return {"x": x.to(dtype), "seg": seg, "num_segments": s}
+
+
+_SEGMENT_SINK_LITERAL = """
+def segment_softmax_sink(x, seg, num_segments):
+    import math
+    out = torch.zeros_like(x)
+    for s in range(num_segments):
+        members = (seg == s).nonzero().flatten()
+        if len(members) == 0:
+            continue
+        values = x[members]
+        shift = max(values.max().item(), 0.0)  # the largest logit, the sink's 0 included
+        e = torch.exp(values - shift)
+        out[members] = e / (math.exp(0.0 - shift) + e.sum())
+    return out
+"""
+
+SEGMENT_SOFTMAX_SINK = FunctionFamily(
+    "tensor_ops/segment_softmax_sink_fn", "segment_softmax_sink", ("x", "seg", "num_segments"),
+    "`x` is a float tensor of shape (N,) (N >= 0; float32 or float64), `seg` an int64 tensor of shape (N,) with "
+    "values in [0, num_segments), and `num_segments` a positive int. The entries with equal `seg` form a segment, "
+    "wherever they are in `x` (a segment may be empty). Return the tensor of shape (N,) and the dtype of `x` whose "
+    "entry `n` is the softmax of `x[n]` within its segment with one extra logit of 0 (a sink) in the denominator: "
+    "`exp(x[n]) / (exp(0) + sum over m with seg[m] == seg[n] of exp(x[m]))`. So a segment's entries sum to less "
+    "than 1, and a segment of one entry gets `exp(x[n]) / (1 + exp(x[n]))`. Entries lie in [-125, 125], where "
+    "`exp` overflows float32 (above about 88.7), and segments may lie a hundred apart: compute it without overflow, "
+    "never inf or NaN (a value too small for the dtype is 0). When N is 0 the result has shape (0,).",
+    (
+        Case("typical", "the softmax of `x[n]` within its segment", lambda g: _sink(g)),
+        Case("one-entry segments", "a segment of one entry", lambda g: _sink(g, n=randint(g, 3, 6), singles=True)),
+        Case("segments far apart", "segments may lie a hundred apart", lambda g: _sink(g, s=randint(g, 3, 4), far=True)),
+        Case("empty segments", "a segment may be empty", lambda g: _sink(g, s=randint(g, 4, 6), empty=randint(g, 1, 2))),
+        Case("no entries", "When N is 0", lambda g: _sink(g, n=0)),
+        Case("float64 input", "float32 or float64", lambda g: _sink(g, s=randint(g, 3, 4), far=True, dtype=torch.float64)),
+    ),
+    "def segment_softmax_sink(x, seg, num_segments):\n"
+    "    top = torch.full((num_segments,), float('-inf'), dtype=x.dtype).scatter_reduce(0, seg, x, 'amax')\n"
+    "    shift = top.clamp(min=0)  # the sink's logit 0 joins the maximum\n"
+    "    e = torch.exp(x - shift[seg])\n"
+    "    total = torch.exp(-shift).index_add(0, seg, e)\n"
+    "    return e / total[seg]\n",
+    wrong={
+        "no_sink":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    top = torch.full((num_segments,), float('-inf'), dtype=x.dtype).scatter_reduce(0, seg, x, 'amax')\n"
+            "    e = torch.exp(x - top[seg])\n"
+            "    total = torch.zeros(num_segments, dtype=x.dtype).index_add(0, seg, e)\n"
+            "    return e / total[seg]\n",
+        "sink_not_shifted":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    top = torch.full((num_segments,), float('-inf'), dtype=x.dtype).scatter_reduce(0, seg, x, 'amax')\n"
+            "    e = torch.exp(x - top[seg])\n"
+            "    total = torch.ones(num_segments, dtype=x.dtype).index_add(0, seg, e)\n"
+            "    return e / total[seg]\n",
+        "global_shift":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    m = x.max().clamp(min=0)\n"
+            "    e = torch.exp(x - m)\n"
+            "    total = torch.exp(-m).repeat(num_segments).index_add(0, seg, e)\n"
+            "    return e / total[seg]\n",
+        "segment_order":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    top = torch.full((num_segments,), float('-inf'), dtype=x.dtype).scatter_reduce(0, seg, x, 'amax')\n"
+            "    shift = top.clamp(min=0)\n"
+            "    e = torch.exp(x - shift[seg])\n"
+            "    out = e / torch.exp(-shift).index_add(0, seg, e)[seg]\n"
+            "    return out[torch.sort(seg, stable=True).indices]\n",
+    },
+    also_correct={
+        "literal": _SEGMENT_SINK_LITERAL.lstrip(),
+        "by_hand":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    member = seg[None, :] == torch.arange(num_segments)[:, None]\n"
+            "    logits = torch.where(member, x[None, :], float('-inf'))\n"
+            "    shift = torch.cat([logits, torch.zeros(num_segments, 1, dtype=x.dtype)], 1).amax(1)\n"
+            "    e = torch.exp(x - shift[seg])\n"
+            "    total = torch.exp(-shift) + torch.where(member, e[None, :], 0.0).sum(1)\n"
+            "    return e / total[seg]\n",
+        # exp(x - log-sum-exp): the float32 rounding of a log-sum-exp near 125 moves it by 0.4 tolerances
+        "log_space":
+            "def segment_softmax_sink(x, seg, num_segments):\n"
+            "    member = seg[None, :] == torch.arange(num_segments)[:, None]\n"
+            "    logits = torch.where(member, x[None, :], float('-inf'))\n"
+            "    lse = torch.logsumexp(torch.cat([logits, torch.zeros(num_segments, 1, dtype=x.dtype)], 1), 1)\n"
+            "    return torch.exp(x - lse[seg])\n",
+    },
+    hint="each segment's largest logit, the sink's 0 included, from `Tensor.scatter_reduce(..., 'amax')`; subtract "
+         "it before `torch.exp`, sum with `index_add`, and add the sink's `exp(0 - shift)` to each denominator.",
+    allowed=(SCATTER,),
+)
+
+
+def _returns(g, *, t=None, gamma=None, dones="some", dtype=torch.float32):
+    t = randint(g, 5, 12) if t is None else t
+    b = randint(g, 1, 3)
+    done = torch.rand(t, b, generator=g) < 0.25
+    if dones == "none":
+        done[:] = False
+    elif dones == "last" and t:  # one column's episode ends at the last step, another's (if any) does not
+        columns = torch.randperm(b, generator=g)
+        done[-1, columns[0]] = True
+        done[-1, columns[1:2]] = False
+    # Positive rewards and values: a return is a sum of positive terms, never cancelling near 0, where another
+    # float32 order of the same sums would differ by a good part of the tolerance (issue 35).
+    return {"r": uniform(g, 0.5, 1.5, t, b, dtype=dtype), "done": done, "last": uniform(g, 2.0, 6.0, b, dtype=dtype),
+            "gamma": pick(g, [0.5, 0.9, 0.95, 0.99]) if gamma is None else gamma}
+
+
+_DISCOUNTED_RETURNS_LITERAL = """
+def discounted_returns(r, done, last, gamma):
+    T, B = r.shape
+    G = torch.zeros(T, B, dtype=r.dtype)
+    for b in range(B):
+        after = float(last[b])  # G[T, b]
+        for t in reversed(range(T)):
+            if done[t, b]:
+                value = float(r[t, b])
+            else:
+                value = float(r[t, b]) + gamma * after
+            G[t, b] = value
+            after = value
+    return G
+"""
+
+DISCOUNTED_RETURNS = FunctionFamily(
+    "tensor_ops/discounted_returns_fn", "discounted_returns", ("r", "done", "last", "gamma"),
+    "`r` is a float tensor of shape (T, B) of rewards (T >= 0, B >= 1; float32 or float64), `done` a bool tensor "
+    "of shape (T, B), `last` a float tensor of shape (B,) of the dtype of `r` (the value of the state after the "
+    "last step), and `gamma` a Python float in [0, 1]. Return the discounted returns `G`, of the shape and dtype of "
+    "`r`, computed backwards in time for each column `b` on its own: `G[t, b] = r[t, b] + gamma * G[t + 1, b]`, "
+    "where `G[T, b]` is `last[b]`; except that where `done[t, b]` is True the episode ends at step t and `G[t, b] "
+    "= r[t, b]` (nothing after step t counts: neither later rewards nor `last`). With gamma = 0, G is `r`; with "
+    "gamma = 1 the rewards are summed undiscounted. When T is 0 the result has shape (0, B).",
+    (
+        Case("typical", "the discounted returns", lambda g: _returns(g)),
+        Case("episode ends at the last step", "neither later rewards nor `last`", lambda g: _returns(g, dones="last")),
+        Case("no episode ends", "where `G[T, b]` is `last[b]`", lambda g: _returns(g, dones="none")),
+        Case("gamma 0", "With gamma = 0", lambda g: _returns(g, gamma=0.0)),
+        Case("gamma 1", "with gamma = 1", lambda g: _returns(g, gamma=1.0)),
+        Case("no steps", "When T is 0", lambda g: _returns(g, t=0)),
+        Case("float64 input", "float32 or float64", lambda g: _returns(g, dones="last", dtype=torch.float64)),
+    ),
+    "def discounted_returns(r, done, last, gamma):\n"
+    "    G = torch.empty_like(r)\n"
+    "    after = last\n"
+    "    for t in range(r.shape[0] - 1, -1, -1):\n"
+    "        after = torch.where(done[t], r[t], r[t] + gamma * after)\n"
+    "        G[t] = after\n"
+    "    return G\n",
+    wrong={
+        "done_of_next_step":
+            "def discounted_returns(r, done, last, gamma):\n"
+            "    T = r.shape[0]\n"
+            "    G = torch.empty_like(r)\n"
+            "    after = last\n"
+            "    for t in range(T - 1, -1, -1):\n"
+            "        ends = done[t + 1] if t + 1 < T else torch.zeros_like(done[t])\n"
+            "        after = r[t] + gamma * after * ~ends\n"
+            "        G[t] = after\n"
+            "    return G\n",
+        "no_bootstrap":
+            "def discounted_returns(r, done, last, gamma):\n"
+            "    G = torch.empty_like(r)\n"
+            "    after = torch.zeros_like(last)\n"
+            "    for t in range(r.shape[0] - 1, -1, -1):\n"
+            "        after = torch.where(done[t], r[t], r[t] + gamma * after)\n"
+            "        G[t] = after\n"
+            "    return G\n",
+        "bootstraps_after_done":
+            "def discounted_returns(r, done, last, gamma):\n"
+            "    T = r.shape[0]\n"
+            "    G = torch.empty_like(r)\n"
+            "    after = last\n"
+            "    for t in range(T - 1, -1, -1):\n"
+            "        after = r[t] + gamma * after if t == T - 1 else torch.where(done[t], r[t], r[t] + gamma * after)\n"
+            "        G[t] = after\n"
+            "    return G\n",
+    },
+    also_correct={"literal": _DISCOUNTED_RETURNS_LITERAL.lstrip()},
+    hint="loop over t from T - 1 down to 0, carrying the next step's return, with `torch.where(done[t], ...)`.",
+)
+
+
 FAMILIES = [SEGMENT_MEAN, MASKED_SOFTMAX, PAIRWISE_DISTANCE, TOPK_KEEP, DIVISION_MODES, LOGSUMEXP, CAUSAL_ATTENTION,
-            BATCH_NORM, GROUP_NORM, STRAIGHT_THROUGH, LABEL_SMOOTHING, GRAD_ACCUMULATION]
+            BATCH_NORM, GROUP_NORM, STRAIGHT_THROUGH, LABEL_SMOOTHING, GRAD_ACCUMULATION, TRIMMED_MEAN,
+            SEGMENT_SOFTMAX_SINK, DISCOUNTED_RETURNS]
