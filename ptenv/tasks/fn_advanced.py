@@ -8,7 +8,7 @@ exact in float32 and the float64 recompute gate never meets cancellation."""
 import torch
 
 from ptenv.tasks.families import dyadic, normal, pick, randint, uniform
-from ptenv.tasks.allowed import SCATTER
+from ptenv.tasks.allowed import SCATTER, SORT
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
@@ -1068,5 +1068,327 @@ NLL_LOSS = FunctionFamily(
     hint="`torch.nn.functional.nll_loss` with `ignore_index` and `weight`; guard the all-ignored mean.",
 )
 
+
+
+# --- SoftPool 2d (issue 38) ---------------------------------------------------------------------
+# No torch op computes it: SoftPool (each window's exp-weighted mean of its values) has no kernel,
+# and the contract excludes the padding positions from each window (a zero-padded window would give
+# a 0 a weight of exp(0)). Entries of large magnitude, in rows far apart, rule out exp without a
+# per-window shift (it overflows to inf / inf or underflows to 0 / 0), and a shift by the global or
+# the plane's maximum (windows far below it underflow to 0 / 0).
+
+
+def _softpool(g, *, padded=None, strided=False, large=False, rank=4, dtype=torch.float32):
+    n, c = randint(g, 1, 2), randint(g, 1, 3)
+    k = randint(g, 2, 3)
+    s = randint(g, 1, 3) if strided else pick(g, [1, k])
+    if strided and s in (1, k):
+        s = k + 1 if k < 3 else 2
+    p = randint(g, 1, k // 2) if padded else (0 if padded is False else randint(g, 0, k // 2))
+    h, w = randint(g, max(k + large, 3), 7), randint(g, max(k, 3), 7)
+    sign = pick(g, [1.0, -1.0])
+    x = sign * uniform(g, 0.5, 3.0, n, c, h, w, dtype=torch.float64)
+    if large:  # each row of a plane around an offset of its own, 100 to 996 away from 0 either way
+        signs = torch.where(torch.rand(n, c, h, 1, generator=g) < 0.5, -1.0, 1.0).double()
+        offsets = signs * uniform(g, 100.0, 996.0, n, c, h, 1, dtype=torch.float64)
+        if h > k:  # the first row of windows far below the plane's last row
+            offsets[:, :, :k] = -offsets[:, :, :k].abs().clamp(min=600.0)
+            offsets[:, :, -1] = offsets[:, :, -1].abs().clamp(min=600.0)
+        x = offsets + uniform(g, 0.0, 4.0, n, c, h, w, dtype=torch.float64)
+    x = x.to(dtype)
+    if rank == 3:
+        x = x[0]
+    return {"x": x, "kernel_size": k, "stride": s, "padding": p}
+
+
+_SOFTPOOL_REF = """
+def soft_pool2d(x, kernel_size, stride, padding):
+    k, s, p = kernel_size, stride, padding
+    batched = x.dim() == 4
+    if not batched:
+        x = x.unsqueeze(0)
+    N, C, H, W = x.shape
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    padded = torch.nn.functional.pad(x, (p, p, p, p), value=float('-inf'))
+    rows = (torch.arange(OH) * s)[:, None] + torch.arange(k)[None, :]  # (OH, k)
+    cols = (torch.arange(OW) * s)[:, None] + torch.arange(k)[None, :]  # (OW, k)
+    win = padded[:, :, rows[:, :, None, None], cols[None, None, :, :]]  # (N, C, OH, k, OW, k)
+    win = win.permute(0, 1, 2, 4, 3, 5).reshape(N, C, OH, OW, k * k)
+    inside = win > float('-inf')
+    top = win.amax(-1, keepdim=True)
+    weight = torch.exp(win - top)  # exp(-inf) = 0 in the padding
+    values = torch.where(inside, win, torch.zeros_like(win))
+    out = (weight * values).sum(-1) / weight.sum(-1)
+    return out if batched else out[0]
+"""
+
+_SOFTPOOL_LITERAL = """
+def soft_pool2d(x, kernel_size, stride, padding):
+    k, s, p = kernel_size, stride, padding
+    H, W = x.shape[-2], x.shape[-1]
+    OH, OW = (H + 2 * p - k) // s + 1, (W + 2 * p - k) // s + 1
+    out = torch.empty(*x.shape[:-2], OH, OW, dtype=x.dtype)
+    for oh in range(OH):
+        for ow in range(OW):
+            hs = [h for h in range(oh * s - p, oh * s - p + k) if 0 <= h < H]
+            ws = [w for w in range(ow * s - p, ow * s - p + k) if 0 <= w < W]
+            v = x[..., hs, :][..., ws].reshape(*x.shape[:-2], -1)
+            e = torch.exp(v - v.max(-1, keepdim=True).values)  # the ratio is unchanged by the shift
+            out[..., oh, ow] = (e * v).sum(-1) / e.sum(-1)
+    return out
+"""
+
+SOFT_POOL2D = FunctionFamily(
+    "nn_modules/soft_pool2d_fn", "soft_pool2d", ("x", "kernel_size", "stride", "padding"),
+    "SoftPool. `x` is a float tensor of shape (N, C, H, W) or (C, H, W) (all >= 1; float32 or float64); "
+    "`kernel_size` k, `stride` s and `padding` p are ints applied to both spatial dims (k, s >= 1, "
+    "0 <= p <= k // 2, H + 2*p >= k and W + 2*p >= k). The output has OH = floor((H + 2*p - k) / s) + 1 "
+    "rows and OW = floor((W + 2*p - k) / s) + 1 columns; window (oh, ow) covers input rows oh*s - p .. "
+    "oh*s - p + k - 1 and columns ow*s - p .. ow*s - p + k - 1, of which only the in-image positions count: "
+    "padding positions are excluded from the window, not read as zeros (every window holds at least one "
+    "in-image position). With v ranging over the window's in-image entries of one plane, the output is "
+    "sum(exp(v) * v) / sum(exp(v)). Entries may be as large as 1000 in magnitude, and entries of one plane "
+    "may lie hundreds apart: the result must still be that ratio's value, finite, although exp(v) alone overflows "
+    "or underflows there (compute it stably). Return a tensor of shape (N, C, OH, OW), or (C, OH, OW) for "
+    "a 3-D input, with the dtype of `x`.",
+    (
+        Case("typical pooling", "sum(exp(v) * v) / sum(exp(v))", lambda g: _softpool(g, padded=False)),
+        Case("padding excluded", "padding positions are excluded from the window", lambda g: _softpool(g, padded=True)),
+        Case("stride unlike the kernel", "OH = floor((H + 2*p - k) / s) + 1", lambda g: _softpool(g, strided=True)),
+        Case("large values", "Entries may be as large as 1000 in magnitude", lambda g: _softpool(g, large=True)),
+        Case("3-D input", "or (C, H, W)", lambda g: _softpool(g, rank=3, padded=True)),
+        Case("float64 input", "float32 or float64",
+             lambda g: _softpool(g, dtype=torch.float64, padded=True, large=bool(randint(g, 0, 1)))),
+    ),
+    _SOFTPOOL_REF.lstrip(),
+    wrong={
+        "zero_padding": _SOFTPOOL_REF.lstrip().replace("value=float('-inf')", "value=0.0"),
+        "no_shift": _SOFTPOOL_REF.lstrip().replace("torch.exp(win - top)", "torch.exp(win)"),
+        "global_shift": _SOFTPOOL_REF.lstrip().replace("torch.exp(win - top)", "torch.exp(win - x.amax())"),
+        "plane_shift": _SOFTPOOL_REF.lstrip().replace("torch.exp(win - top)",
+                                                      "torch.exp(win - x.amax((-2, -1))[..., None, None, None])"),
+    },
+    also_correct={"literal": _SOFTPOOL_LITERAL.lstrip()},
+    hint="the ratio of two pooled sums; pad with -inf (`torch.nn.functional.pad(..., value=float('-inf'))`) so "
+         "the padding weighs exp(-inf) = 0, gather the windows (`Tensor.unfold` twice), and subtract each "
+         "window's maximum before `exp` (the ratio does not change).",
+)
+
+
+# --- Catmull-Rom cubic resize 1d (issue 38) -----------------------------------------------------
+# No torch op computes it: upsample_bicubic2d uses a = -0.75; the antialiased bicubic
+# (_upsample_bicubic2d_aa) uses a = -0.5 but renormalises the weights of the taps inside the input
+# instead of clamping the taps to the border, and widens the kernel when downsampling, so it agrees
+# with this contract only away from the borders of an upsampling.
+
+
+def _cubic(g, *, up=None, one=None, rank=None, dtype=torch.float32):
+    rank = rank or randint(g, 2, 3)
+    length = randint(g, 3, 8)
+    if up is None:
+        up = bool(randint(g, 0, 1))
+    size = randint(g, length + 1, 2 * length + 3) if up else randint(g, 2, length - 1)
+    if one == "in":
+        length = 1
+    elif one == "out":
+        size = 1
+    lead = [randint(g, 1, 3) for _ in range(rank - 1)]
+    return {"x": uniform(g, 1.0, 3.0, *lead, length, dtype=dtype), "size": size}
+
+
+_CUBIC_REF = """
+def resize_cubic(x, size):
+    import math
+    L, S = x.shape[-1], size
+
+    def kernel(t):
+        t = abs(t)
+        if t <= 1:
+            return 1.5 * t ** 3 - 2.5 * t ** 2 + 1
+        if t < 2:
+            return -0.5 * t ** 3 + 2.5 * t ** 2 - 4 * t + 2
+        return 0.0
+
+    taps, weights = [], []
+    for i in range(S):
+        src = (i + 0.5) * L / S - 0.5
+        i0 = math.floor(src)
+        t = src - i0
+        taps.append([min(max(i0 + d, 0), L - 1) for d in (-1, 0, 1, 2)])
+        weights.append([kernel(t + 1), kernel(t), kernel(1 - t), kernel(2 - t)])
+    taps, weights = torch.tensor(taps), torch.tensor(weights, dtype=x.dtype)
+    return (x[..., taps] * weights).sum(-1)
+"""
+
+_CUBIC_LITERAL = """
+def resize_cubic(x, size):
+    import math
+    L, S = x.shape[-1], size
+
+    def W(t):
+        t = abs(t)
+        if t <= 1:
+            return (-0.5 + 2) * t ** 3 - (-0.5 + 3) * t ** 2 + 1
+        if t < 2:
+            return -0.5 * t ** 3 + 2.5 * t ** 2 - 4 * t + 2
+        return 0.0
+
+    out = torch.zeros(*x.shape[:-1], S, dtype=x.dtype)
+    for i in range(S):
+        src = (i + 0.5) * L / S - 0.5
+        i0 = math.floor(src)
+        t = src - i0
+        for j in range(i0 - 1, i0 + 3):
+            out[..., i] += W(src - j) * x[..., min(max(j, 0), L - 1)]
+    return out
+"""
+
+RESIZE_CATMULL_ROM_1D = FunctionFamily(
+    "nn_modules/resize_catmull_rom_1d_fn", "resize_cubic", ("x", "size"),
+    "`x` is a float tensor of rank 1 to 3 (float32 or float64) whose last dim has length L >= 1, and `size` "
+    "an int S >= 1 (S may be smaller or larger than L). Resample the last dim to S positions with the "
+    "Catmull-Rom cubic kernel (the cubic convolution kernel with a = -0.5, not torch's bicubic a = -0.75): "
+    "W(t) = 1.5|t|^3 - 2.5|t|^2 + 1 for |t| <= 1, W(t) = -0.5|t|^3 + 2.5|t|^2 - 4|t| + 2 for 1 < |t| < 2, "
+    "and 0 otherwise. Output position i (0 <= i < S) reads the source coordinate src = (i + 0.5) * L / S - 0.5 "
+    "(align_corners=False; src is not clamped and may be negative); with i0 = floor(src) (for src = -0.25, "
+    "i0 = -1) and t = src - i0, the output is the sum over j = i0-1, i0, i0+1, i0+2 of W(src - j) * x[..., c(j)], "
+    "that is the weights W(t+1), W(t), W(1-t), W(2-t), where c(j) = min(max(j, 0), L-1): taps outside the "
+    "input read the border entry (its index clamped), and the weights are used as they are (not renormalised). "
+    "An input with L = 1 gives its value at every position; S = 1 is valid. Return a tensor of shape "
+    "(..., S) (the leading dims of x unchanged) with the dtype of `x`.",
+    (
+        Case("typical resize", "Resample the last dim to S positions", lambda g: _cubic(g)),
+        Case("upsampling", "src is not clamped and may be negative", lambda g: _cubic(g, up=True)),
+        Case("downsampling", "S may be smaller or larger than L", lambda g: _cubic(g, up=False)),
+        Case("input length 1", "An input with L = 1", lambda g: _cubic(g, one="in")),
+        Case("output size 1", "S = 1 is valid", lambda g: _cubic(g, one="out")),
+        Case("rank 1 input", "rank 1 to 3", lambda g: _cubic(g, rank=1, up=True)),
+        Case("float64 input", "float32 or float64", lambda g: _cubic(g, dtype=torch.float64)),
+    ),
+    _CUBIC_REF.lstrip(),
+    wrong={
+        "torch_bicubic":
+            "def resize_cubic(x, size):\n"
+            "    import torch.nn.functional as F\n"
+            "    y = F.interpolate(x.reshape(-1, 1, 1, x.shape[-1]), size=(1, size), mode='bicubic', align_corners=False)\n"
+            "    return y.reshape(*x.shape[:-1], size)\n",
+        "antialiased_bicubic":
+            "def resize_cubic(x, size):\n"
+            "    import torch.nn.functional as F\n"
+            "    y = F.interpolate(x.reshape(-1, 1, 1, x.shape[-1]), size=(1, size), mode='bicubic', align_corners=False,\n"
+            "                      antialias=True)\n"
+            "    return y.reshape(*x.shape[:-1], size)\n",
+        "truncated_src": _CUBIC_REF.lstrip().replace("i0 = math.floor(src)", "i0 = int(src)"),
+        "src_clamped_at_0": _CUBIC_REF.lstrip().replace("src = (i + 0.5) * L / S - 0.5", "src = max((i + 0.5) * L / S - 0.5, 0.0)"),
+    },
+    also_correct={"literal": _CUBIC_LITERAL.lstrip()},
+    hint="`torch.nn.functional.interpolate(..., mode=\"bicubic\")` uses the same sampling and border clamping "
+         "but a = -0.75; compute the four taps and weights per output position and gather.",
+)
+
+
+# --- scatter median (issue 38) ------------------------------------------------------------------
+# No torch op computes it: scatter_reduce / index_reduce have no median, and torch.median (the lower
+# median) works on one tensor, not per index; numpy's median averages the two middle values.
+
+
+def _median(g, *, even=False, empty=False, ties=False, n=None, dtype=torch.float32):
+    m, d = randint(g, 2, 5), randint(g, 1, 4)
+    if even:
+        counts = [2 * randint(g, 1, 3) for _ in range(m)]
+    else:
+        counts = [randint(g, 1, 5) for _ in range(m)]
+        counts[randint(g, 0, m - 1)] = 2 * randint(g, 1, 2)  # an even group
+    if empty:
+        counts[randint(g, 0, m - 1)] = 0
+        m += randint(g, 1, 2)  # rows past the largest index too
+        counts += [0] * (m - len(counts))
+    if n == 0:
+        counts = [0] * m
+    index = torch.tensor([r for r, c in enumerate(counts) for _ in range(c)], dtype=torch.int64)
+    index = index[torch.randperm(len(index), generator=g)]
+    total = len(index)
+    if ties:
+        k = torch.randint(-2, 3, (total, d), generator=g)
+    else:  # distinct values in each column, so the two middle values of an even group differ
+        k = torch.stack([torch.randperm(4 * max(total, 1), generator=g)[:total] - 2 * total for _ in range(d)], 1) \
+            if total else torch.zeros(0, d, dtype=torch.int64)
+    src = k if dtype == torch.int64 else (k.to(torch.float64) / 4).to(dtype)
+    return {"src": src.reshape(total, d), "index": index, "dim_size": m}
+
+
+_MEDIAN_REF = """
+def scatter_median(src, index, dim_size):
+    out = torch.zeros(dim_size, src.shape[1], dtype=src.dtype)
+    for r in range(dim_size):
+        rows = src[index == r]
+        if len(rows):
+            out[r] = rows.sort(0).values[(len(rows) - 1) // 2]
+    return out
+"""
+
+_MEDIAN_LITERAL = """
+def scatter_median(src, index, dim_size):
+    N, D = src.shape
+    out = torch.zeros(dim_size, D, dtype=src.dtype)
+    for r in range(dim_size):
+        members = [n for n in range(N) if int(index[n]) == r]
+        m = len(members)
+        if m == 0:
+            continue
+        for d in range(D):
+            values = sorted(src[n, d].item() for n in members)
+            out[r, d] = values[(m - 1) // 2]
+    return out
+"""
+
+SCATTER_MEDIAN = FunctionFamily(
+    "tensor_ops/scatter_median_fn", "scatter_median", ("src", "index", "dim_size"),
+    "`src` is a tensor of shape (N, D) (N >= 0, D >= 1; float32, float64 or int64), `index` an int64 tensor "
+    "of shape (N,) with values in [0, dim_size), and `dim_size` an int >= 1. Return a tensor of shape "
+    "(dim_size, D) with the dtype of `src` whose entry [r, d] is the lower median of the m values src[n, d] "
+    "with index[n] == r: sorted ascending with repeats kept (a value found in several rows counts once for "
+    "each), the value at 0-based position (m-1)//2, so for an even m the smaller of the two middle values (never their "
+    "average). Each column d is taken on its own. A row r that no index points to (an empty row, which "
+    "includes rows above the largest index and every row when N is 0) gives 0.",
+    (
+        Case("typical scatter", "the lower median", lambda g: _median(g)),
+        Case("even counts", "the smaller of the two middle values", lambda g: _median(g, even=True)),
+        Case("empty rows", "rows above the largest index", lambda g: _median(g, empty=True)),
+        Case("repeated values", "with repeats kept", lambda g: _median(g, ties=True)),
+        Case("no sources", "when N is 0", lambda g: _median(g, n=0)),
+        Case("int64 src", "float32, float64 or int64", lambda g: _median(g, dtype=torch.int64, empty=True)),
+        Case("float64 src", "float32, float64", lambda g: _median(g, dtype=torch.float64, even=True)),
+    ),
+    _MEDIAN_REF.lstrip(),
+    wrong={
+        "average_of_middles":
+            "def scatter_median(src, index, dim_size):\n"
+            "    out = torch.zeros(dim_size, src.shape[1], dtype=src.dtype)\n"
+            "    for r in range(dim_size):\n"
+            "        rows = src[index == r]\n"
+            "        if len(rows):\n"
+            "            s = rows.sort(0).values\n"
+            "            m = len(rows)\n"
+            "            mid = (s[(m - 1) // 2] + s[m // 2]) / 2\n"
+            "            out[r] = mid if src.is_floating_point() else torch.div(s[(m - 1) // 2] + s[m // 2], 2, rounding_mode='floor')\n"
+            "    return out\n",
+        "upper_median": _MEDIAN_REF.lstrip().replace("(len(rows) - 1) // 2", "len(rows) // 2"),
+        "rows_to_largest_index":
+            "def scatter_median(src, index, dim_size):\n"
+            "    rows_out = int(index.max()) + 1 if len(index) else 0\n"
+            "    out = torch.zeros(rows_out, src.shape[1], dtype=src.dtype)\n"
+            "    for r in range(rows_out):\n"
+            "        rows = src[index == r]\n"
+            "        if len(rows):\n"
+            "            out[r] = rows.median(0).values\n"
+            "    return out\n",
+    },
+    also_correct={"literal": _MEDIAN_LITERAL.lstrip()},
+    hint="`torch.median(x, dim=0)` gives the lower median of one group; select each row's group with "
+         "`index == r`, or sort by value and then by index to take every group's middle at once.",
+    allowed=(SORT,),
+)
+
 FAMILIES = [EMBEDDING_BAG, SCATTER_REDUCE, UNFOLD, FOLD, MAX_POOL2D, ADAPTIVE_POOL1D, INTERPOLATE_LINEAR,
-            CUMULATIVE, SEARCHSORTED, NLL_LOSS]
+            CUMULATIVE, SEARCHSORTED, NLL_LOSS, SOFT_POOL2D, RESIZE_CATMULL_ROM_1D, SCATTER_MEDIAN]
