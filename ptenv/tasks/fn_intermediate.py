@@ -71,8 +71,10 @@ def _masked(g, rows, cols, *, empty_row=False, large=False, dtype=torch.float32)
     mask[torch.arange(rows), torch.randint(0, cols, (rows,), generator=g)] = True
     if empty_row:
         mask[randint(g, 0, rows - 1)] = False
-    scale = uniform(g, 200.0, 800.0, rows, 1) if large else torch.zeros(rows, 1)
-    return {"x": (scale + normal(g, rows, cols, scale=1.5)).to(dtype), "mask": mask}
+    # Large values in float64, past where its exp overflows (709): in float32, x - logsumexp(x) near
+    # 500 is rounded by 3e-5 relative, more than the tolerance, so a fair log-space answer would fail.
+    scale = uniform(g, 750.0, 1000.0, rows, 1, dtype=torch.float64) if large else torch.zeros(rows, 1)
+    return {"x": (scale + normal(g, rows, cols, scale=1.5)).to(torch.float64 if large else dtype), "mask": mask}
 
 
 _MASKED_SOFTMAX_LITERAL = """
@@ -117,7 +119,13 @@ MASKED_SOFTMAX = FunctionFamily(
             "    s = e.sum(1, keepdim=True)\n"
             "    return torch.where(s > 0, e / s, torch.zeros_like(e))\n",
     },
-    also_correct={"literal": _MASKED_SOFTMAX_LITERAL.lstrip()},
+    also_correct={
+        "literal": _MASKED_SOFTMAX_LITERAL.lstrip(),
+        "log_space":
+            "def masked_softmax(x, mask):\n"
+            "    m = x.masked_fill(~mask, float('-inf'))\n"
+            "    return torch.exp(m - torch.logsumexp(m, dim=1, keepdim=True)).nan_to_num(0.0)\n",
+    },
     hint="subtract each row's largest allowed value before `torch.exp`.",
 )
 
