@@ -207,6 +207,8 @@ def b64(obj) -> str:
     "ptenv-request read_result",
     f"ptenv-request run_cell {b64({'code': 'result = torch.zeros(2)', 'timeout': 5})}",
     f"ptenv-request preload {b64({'inputs': '{}', 'timeout': 5})}",
+    f"ptenv-request end_session {b64({'timeout': 5})}",
+    f"ptenv-request trial {b64({'source': 'def f(): pass', 'name': 'f', 'inputs': '{}', 'cases': [], 'timeout': 5})}",
     f"ptenv-request shell {b64({'command': 'true', 'cwd': '/tmp' + chr(0) + 'x', 'timeout': 5})}",
     f"ptenv-request shell {b64({'command': 'sleep 100', 'cwd': None, 'timeout': 1e9})}",
 ])

@@ -97,7 +97,7 @@ class LocalSandboxClient:
             raise not_running(box) from None
 
     async def call(self, sandbox_id: str, op: str, fields: dict, timeout: float) -> dict:
-        """The harness's own request `op` (preload, run_cell, read_result, trial: ptenv.host.requests)
+        """The harness's own request `op` (preload, run_cell, read_result, end_session, trial: ptenv.host.requests)
         and its reply document, on a channel the model's commands never reach."""
         return await self._request(sandbox_id, {"op": op, **fields}, timeout)
 

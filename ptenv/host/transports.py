@@ -114,7 +114,7 @@ TRANSPORTS = {"local": local, "prime": prime}
 
 
 def create(name: str, limits: Limits = LIMITS, allowlist_base: list[str] | None = None) -> Transport:
-    """`allowlist_base`: the widest allowlist of the tasks' trials (tasks.functions.allowlist_base)."""
+    """`allowlist_base`: the widest allowlist of the tasks' trials (tasks.tiers.allowlist_base)."""
     if name not in TRANSPORTS:
         raise ValueError(f"unknown sandbox {name!r}: choose one of {sorted(TRANSPORTS)}")
     return TRANSPORTS[name](limits, allowlist_base)

@@ -64,7 +64,7 @@ def packet(name: str) -> str:
 
 
 # What this process has removed so far, (op, key): a caller forked from a zygote that installed a
-# wider allowlist (the trial zygote, forkserver.py) only adds its family's removals.
+# wider allowlist (the trial zygote, main.py) only adds its family's removals.
 REMOVED: set[tuple[str, str]] = set()
 # The ops the widest allowlist installed here allows; None until one is installed.
 ALLOWED: set[str] | None = None
