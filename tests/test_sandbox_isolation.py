@@ -266,7 +266,7 @@ async def test_cpu_time_is_limited():
         assert (await box.cell(spin)).status == "ok"
         assert wait_until(lambda: len(box.processes()) == 1, timeout=60)  # the session is gone
         reply = await box.cell("print('fresh')")
-        assert reply.stdout == "fresh\n" and "SIGXCPU (the CPU time limit)" in reply.note
+        assert reply.stdout == "fresh\n" and "SIGXCPU (the CPU time limit)" in reply.note, reply
     finally:
         client.teardown()
 
