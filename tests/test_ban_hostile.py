@@ -83,21 +83,28 @@ async def test_honest_answers_pass_under_the_allowlist_and_the_op_passes_without
 
 # --- through the real vf-eval ---------------------------------------------------------------------
 
-# The rows played: the expert function tier's first 15 instances, of which these are GRID_SAMPLE's
-# (3, 13) and LAYER_NORM_BACKWARD's (4); the policy plays the family's answers in turn.
-ROWS = 15
-PLAYED = (3, 13, 4)
+# The rows played: among the expert function tier's first instances (twice round its families),
+# GRID_SAMPLE's two and LAYER_NORM_BACKWARD's first; the policy plays the family's answers in turn.
+ROWS = 2 * len(tiers.FUNCTION_TIERS["expert"])
+INSTANCES = tiers.select(["expert"], "train", ROWS, 0, "function", 2)
+PLAYED = tuple([i for i, x in enumerate(INSTANCES) if x.family is FAMILIES["grid"]][:2]
+               + [i for i, x in enumerate(INSTANCES) if x.family is FAMILIES["layer_norm"]][:1])
 ROLLOUTS = 19  # per row: 38 for GRID_SAMPLE (34 answers), 19 for LAYER_NORM_BACKWARD (16)
-# Classic vf-eval cannot name rows: it takes the first -n of the dataset shuffled under
-# --shuffle-seed (datasets' shuffle), and this seed puts PLAYED first (the test checks it).
-SHUFFLE_SEED = 1095
+
+
+def shuffle_seed() -> int:
+    """Classic vf-eval cannot name rows: it takes the first -n of the dataset shuffled under
+    --shuffle-seed (datasets' shuffle). The first seed that puts PLAYED first."""
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"i": list(range(ROWS))})
+    return next(seed for seed in range(1_000_000) if sorted(rows.shuffle(seed=seed)["i"][:len(PLAYED)]) == sorted(PLAYED))
 
 
 def played_rows(path) -> list[dict]:
-    instances = tiers.select(["expert"], "train", ROWS, 0, "function", 2)
-    assert [instances[i].family for i in PLAYED] == [FAMILIES["grid"], FAMILIES["grid"], FAMILIES["layer_norm"]]
-    path.write_text("".join(json.dumps(i.row()) + "\n" for i in instances))
-    return [instances[i] for i in PLAYED]
+    assert len(PLAYED) == 3
+    path.write_text("".join(json.dumps(i.row()) + "\n" for i in INSTANCES))
+    return [INSTANCES[i] for i in PLAYED]
 
 
 def check_played(rows: list[tuple[str, dict, float, str | None]]) -> None:
@@ -116,14 +123,10 @@ def check_played(rows: list[tuple[str, dict, float, str | None]]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_vf_eval_scores_every_way_around_the_allowlist_zero(tmp_path):
-    import datasets
-
     played = played_rows(tmp_path / "rows.jsonl")
-    order = datasets.Dataset.from_dict({"i": list(range(ROWS))}).shuffle(seed=SHUFFLE_SEED)["i"]
-    assert sorted(order[:len(PLAYED)]) == sorted(PLAYED)
     url, stop = serve_in_thread(tmp_path / "rows.jsonl")
     args = ["-a", json.dumps({"kind": "function", "level": 2, "tiers": "expert", "num_train_examples": ROWS}),
-            "-n", str(len(PLAYED)), "-r", str(ROLLOUTS), "-c", "6", "--shuffle", "--shuffle-seed", str(SHUFFLE_SEED)]
+            "-n", str(len(PLAYED)), "-r", str(ROLLOUTS), "-c", "6", "--shuffle", "--shuffle-seed", str(shuffle_seed())]
     try:
         _, results = run_eval(url, "ban_hostile", args, tmp_path / "out")
     finally:
