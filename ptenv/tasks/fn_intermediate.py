@@ -10,10 +10,15 @@ from ptenv.tasks.allowed import SCATTER, SOFTMAX, SORT
 from ptenv.tasks.functions import Case, FunctionFamily
 
 
+def _segment_ids(g, n: int, s: int, empty: int = 0) -> torch.Tensor:
+    """n segment ids among s segments, `empty` of which get none."""
+    used = torch.randperm(s, generator=g)[: s - empty]
+    return used[torch.randint(0, len(used), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
+
+
 def _segments(g, n, s, empty: int = 0, dtype=torch.float32, d=None):
     d = randint(g, 1, 4) if d is None else d
-    used = torch.randperm(s, generator=g)[: s - empty]
-    seg = used[torch.randint(0, len(used), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
+    seg = _segment_ids(g, n, s, empty)
     return {"x": normal(g, n, d, dtype=dtype), "seg": seg, "num_segments": s}
 
 
@@ -915,8 +920,7 @@ def _sink(g, *, n=None, s=None, singles=False, far=False, empty=0, dtype=torch.f
         s = n + randint(g, 0, 2)
         seg = torch.randperm(s, generator=g)[:n]
     else:
-        used = torch.randperm(s, generator=g)[: s - empty]
-        seg = used[torch.randint(0, len(used), (n,), generator=g)] if n else torch.zeros(0, dtype=torch.int64)
+        seg = _segment_ids(g, n, s, empty)
     x = normal(g, n, scale=2.0, dtype=torch.float64)
     if far:  # a segment where float32's exp overflows, one about a hundred below it near 0, the rest anywhere
         offsets = torch.cat([uniform(g, 100.0, 115.0, 1, dtype=torch.float64), uniform(g, -10.0, 0.0, 1, dtype=torch.float64),
