@@ -25,17 +25,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo: tests.
 
 from ptenv.tasks.rows import dumps_rows, row_digest
 from tests.support.policy_server import POLICIES, serve_in_thread
-from ptenv.tasks.tiers import TIERS, select
+from ptenv.tasks.tiers import TIERS, families, parse_families, select
 
 VF_EVAL = Path(sys.executable).with_name("vf-eval")
 
 
 def tier_rows(tier: str, args) -> list[dict]:
-    return [instance.row() for instance in select([tier], args.split, args.n, args.seed, args.kind, args.level)]
+    chosen = parse_families(tier_families(tier, args), [tier], args.split, args.kind)
+    return [instance.row() for instance in select([tier], args.split, args.n, args.seed, args.kind, args.level, chosen)]
+
+
+def tier_families(tier: str, args) -> list[str] | None:
+    """The tier's families among --families (None: all of them)."""
+    if args.families is None:
+        return None
+    ids = [f.id for f in families(tier, args.split, args.kind)]
+    return [f for f in args.families if f in ids]
 
 
 def run_tier(args, tier: str, url: str, key_var: str, out: Path) -> list[dict]:
     env_args = {"tiers": tier, "split": args.split, "num_train_examples": args.n, "seed": args.seed}
+    if args.families is not None:
+        env_args["families"] = tier_families(tier, args)
     if args.kind == "function":
         env_args.update(kind="function", level=args.level, partial_credit=args.partial_credit)
     rows = tier_rows(tier, args)
@@ -108,6 +119,7 @@ def main() -> int:
     parser.add_argument("-b", "--base-url", help="OpenAI-compatible endpoint (omit for a scripted policy)")
     parser.add_argument("-k", "--api-key-var", default="DIFFICULTY_API_KEY", help="env var holding the API key")
     parser.add_argument("--tiers", nargs="+", default=list(TIERS), choices=list(TIERS))
+    parser.add_argument("--families", nargs="+", help="only these family ids (each tier runs those of its own)")
     parser.add_argument("--split", default="test", choices=["train", "test"])
     parser.add_argument("-n", type=int, default=-1, help="prompts per tier (-1: the split's default set)")
     parser.add_argument("-r", type=int, default=3, help="rollouts per prompt")
@@ -122,6 +134,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.base_url is None and args.model not in POLICIES:
         parser.error(f"--base-url is required unless --model is a scripted policy ({sorted(POLICIES)})")
+    if args.families is not None:
+        if unknown := set(args.families) - {f for tier in args.tiers for f in tier_families(tier, args)}:
+            parser.error(f"not families of the {args.kind} form of tiers {args.tiers} on the {args.split} split: {sorted(unknown)}")
+        args.tiers = [tier for tier in args.tiers if tier_families(tier, args)]
     table = {}
     with tempfile.TemporaryDirectory(prefix="difficulty-") as tmp:
         keep = args.out or Path(tmp)

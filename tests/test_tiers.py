@@ -117,6 +117,24 @@ def test_train_and_test_never_share_an_instance_and_held_out_families_are_test_o
     assert not set(ids(["intermediate"], "train", 50, seed=0)) & set(ids(["intermediate"], "train", 50, seed=1))
 
 
+def test_chosen_families_keep_their_instances_and_a_wrong_id_fails_in_one_line():
+    new = ["tensor_ops/trimmed_mean_fn", "nn_modules/soft_pool2d_fn"]
+    chosen = tiers.parse_families(new, ["intermediate", "advanced"], "test", "function")
+    picked = [i.id for i in tiers.select(["intermediate", "advanced"], "test", -1, 0, "function", 2, chosen)]
+    everything = [i.id for i in tiers.select(["intermediate", "advanced"], "test", -1, 0, "function", 2)]
+    assert {i.split("@")[0] for i in picked} == set(new)
+    assert picked == [i for i in everything if i.split("@")[0] in new]  # the same instances, in the same order
+    three = [i.id for i in tiers.select(["intermediate", "advanced"], "test", 3, 0, "function", 2, chosen)]
+    assert three == [f"{new[0]}@1~2", f"{new[1]}@1~2", f"{new[0]}@3~2"]
+    assert tiers.parse_families(None, ["basic"], "train", "result") is None
+    for wrong in ("tensor_ops/no_such_fn", ["nn_modules/soft_pool2d_fn"] * 0, 3):
+        with pytest.raises(ValueError, match="families must be a family id") as e:
+            tiers.parse_families(wrong, ["intermediate"], "test", "function")
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="families must be"):  # a tier's family, but not of the tiers given
+        tiers.parse_families(new, ["intermediate"], "test", "function")
+
+
 def test_default_sets_and_explicit_sizes():
     assert ids(["basic"], "train", -1) == [t.id for t in TASKS]
     assert ids(["basic"], "test", -1) == [f"{t.id}@1" for t in TASKS]
@@ -162,6 +180,9 @@ def test_generated_rows_carry_provenance_and_round_trip_through_the_strict_parse
     ({"num_examples": 2.5}, "num_train_examples must be -1 (the default set) or an integer from 1 to 100000, got 2.5"),
     ({"seed": -1}, "seed must be an integer from 0 to 999999, got -1"),
     ({"dataset_name": "someone/fork", "tiers": "advanced"}, "a fork (someone/fork) serves its own rows"),
+    ({"dataset_name": "someone/fork", "families": "tensor_ops/reshape_blocks"}, "a fork (someone/fork) serves its own rows"),
+    ({"tiers": "advanced", "families": ["tensor_ops/reshape_blocks"]}, "families must be a family id of the result form "
+                                                                       "of tiers ['advanced'] on the train split"),
 ])
 def test_bad_arguments_are_one_line_saying_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError) as e:

@@ -308,6 +308,8 @@ def test_the_taskset_serves_a_generated_tier_and_split_with_provenance():
     assert all(r.tier == "advanced" and r.seed % 2 == 1 and r.task_id == f"{r.family}@{r.seed}" for r in rows)
     with pytest.raises(ValueError, match=r"^tiers must be one of 'basic', 'intermediate', 'advanced', 'expert'"):
         list(PyTorchTaskset(PyTorchTasksetConfig(tiers="master")))
+    chosen = PyTorchTasksetConfig(tiers="advanced", split="test", families=["nn_modules/soft_pool2d_fn"], kind="function")
+    assert {task.row().family for task in PyTorchTaskset(chosen)} == {"nn_modules/soft_pool2d_fn"}
 
 
 @pytest.mark.slow

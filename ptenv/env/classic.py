@@ -145,6 +145,7 @@ def load_environment(
     max_turns: int = 5,
     sandbox: str = "local",
     tiers: str | list[str] = "basic",
+    families: str | list[str] | None = None,
     num_train_examples: int = -1,
     num_eval_examples: int = 0,
     seed: int = 0,
@@ -156,9 +157,10 @@ def load_environment(
 ) -> vf.Environment:
     check_num_eval_examples(num_eval_examples, split)
     check_function_arguments(hidden_cases, partial_credit)
-    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed, kind=kind, level=level)
+    tasks = load_tasks(dataset_name, split, tiers, num_train_examples, seed, kind=kind, level=level, families=families)
     # The held-out test split as the eval dataset, so a trainer's validation is not its training set.
-    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples", kind, level) \
+    eval_tasks = load_tasks(dataset_name, "test", tiers, num_eval_examples, seed, "num_eval_examples", kind, level,
+                            families) \
         if num_eval_examples else []
     diagnostics = [_diagnostic(key) for key in ("result_present", "shape_match", "dtype_match", "values_match")]
     metrics = [*diagnostics, harness_error] + ([hidden_pass_fraction] if kind == "function" else [])

@@ -61,6 +61,7 @@ class PyTorchTasksetConfig(vf.TasksetConfig):
     dataset_name: str = DEFAULT_DATASET
     split: str = "train"
     tiers: str | list[str] = "basic"
+    families: str | list[str] | None = None
     num_train_examples: int = -1
     seed: int = 0
     kind: str = "result"
@@ -169,7 +170,7 @@ class PyTorchTaskset(vf.Taskset[PyTorchTask, PyTorchTasksetConfig]):
         prompt = SYSTEM_PROMPT if config.kind == "result" else FUNCTION_SYSTEM_PROMPT
         grading = {"hidden_cases": config.hidden_cases, "partial_credit": config.partial_credit}
         for row in load_tasks(config.dataset_name, config.split, config.tiers, config.num_train_examples, config.seed,
-                              kind=config.kind, level=config.level):
+                              kind=config.kind, level=config.level, families=config.families):
             data = PyTorchTaskData(id=row.task_id, prompt=row.question, system_prompt=prompt, info=row_info(row),
                                    grading=grading)
             yield PyTorchTask(data, self.config.task)

@@ -16,20 +16,21 @@ BUNDLED = Path(__file__).resolve().parents[2] / "train.jsonl"
 
 def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train", tiers="basic",
                num_examples: int = -1, seed: int = 0, num_name: str = "num_train_examples",
-               kind: str = "result", level: int = 1) -> list[TaskRow]:
+               kind: str = "result", level: int = 1, families=None) -> list[TaskRow]:
     """The tasks of one split, parsed strictly; a bad row or argument fails with one line naming it."""
     if dataset_name != DEFAULT_DATASET:
-        if tiers not in ("basic", ["basic"]) or (num_examples, seed, kind) != (-1, 0, "result"):
-            raise ValueError("tiers, kind, num_train_examples, num_eval_examples and seed choose generated tasks of "
+        if tiers not in ("basic", ["basic"]) or (num_examples, seed, kind, families) != (-1, 0, "result", None):
+            raise ValueError("tiers, families, kind, num_train_examples, num_eval_examples and seed choose generated tasks of "
                              f"{DEFAULT_DATASET}; a fork ({dataset_name}) serves its own rows")
         return _load_from_hub(dataset_name, split)
     names = tier_catalogue.parse_tiers(tiers)
     tier_catalogue.check_arguments(split, num_examples, seed, num_name)
     tier_catalogue.check_kind(kind, level, names)
+    chosen = tier_catalogue.parse_families(families, names, split, kind)
     canonical = {row.task_id: row for row in load_rows(BUNDLED)} if kind == "result" else {}
     with reference_run():  # tasks are built as the sandbox runs them, and the host's torch left as it was
         return [canonical[i.id] if i.seed is None else parse_row(i.row(), i.id)
-                for i in tier_catalogue.select(names, split, num_examples, seed, kind, level)]
+                for i in tier_catalogue.select(names, split, num_examples, seed, kind, level, chosen)]
 
 
 def _load_from_hub(dataset_name: str, split: str) -> list[TaskRow]:

@@ -79,27 +79,44 @@ def families(tier: str, split: str, kind: str = "result") -> list:
     return [f for f in catalogue[tier] if split == "test" or not f.held_out]
 
 
-def select(tiers: list[str], split: str, num_examples: int, seed: int, kind: str = "result", level: int = 1) -> list:
-    """The split's instances: `num_examples` of them round-robin over the tiers' families, or with
-    -1 each tier's default set (basic train: the canonical tasks; basic test: one per family; the
-    function form of every tier: as a generated tier's)."""
+def parse_families(chosen, tiers: list[str], split: str, kind: str) -> set[str] | None:
+    """The family ids `chosen` names (None: every family of the tiers), each one of the tiers' on this split."""
+    if chosen is None:
+        return None
+    names = [chosen] if isinstance(chosen, str) else chosen
+    offered = [f.id for tier in tiers for f in families(tier, split, kind)]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in offered for n in names):
+        raise ValueError(f"families must be a family id of the {kind} form of tiers {tiers} on the {split} split "
+                         f"(held-out families are in the test split only), or a list of them, got {chosen!r}")
+    return set(names)
+
+
+def select(tiers: list[str], split: str, num_examples: int, seed: int, kind: str = "result", level: int = 1,
+           chosen: set[str] | None = None) -> list:
+    """The split's instances: `num_examples` of them round-robin over the tiers' families (those
+    `chosen`, if given), or with -1 each tier's default set (basic train: the canonical tasks;
+    basic test: one per family; the function form of every tier: as a generated tier's). A family
+    keeps its instances whichever others are chosen with it."""
     def nth(pool: list, i: int):
         tier, family = pool[i % len(pool)]
         seed_i = instance_seed(seed, i // len(pool), split)
         return family.instance(tier, seed_i) if kind == "result" else family.instance(tier, seed_i, level)
 
+    def offered(tier: str) -> list:
+        return [f for f in families(tier, split, kind) if chosen is None or f.id in chosen]
+
     if num_examples != -1:
-        pool = [(tier, family) for tier in tiers for family in families(tier, split, kind)]
+        pool = [(tier, family) for tier in tiers for family in offered(tier)]
         return [nth(pool, i) for i in range(num_examples)]
-    chosen = []
+    picked = []
     for tier in tiers:
         if tier == "basic" and split == "train" and kind == "result":
-            chosen += [canonical_instance(task) for task in TASKS]
+            picked += [canonical_instance(task) for task in TASKS if chosen is None or task.id in chosen]
             continue
-        pool = [(tier, family) for family in families(tier, split, kind)]
+        pool = [(tier, family) for family in offered(tier)]
         per_family = BASIC_TEST_PER_FAMILY if tier == "basic" and kind == "result" else DEFAULT_PER_FAMILY[split]
-        chosen += [nth(pool, i) for i in range(per_family * len(pool))]
-    return chosen
+        picked += [nth(pool, i) for i in range(per_family * len(pool))]
+    return picked
 
 
 def allowlist_base() -> list[str]:
