@@ -21,6 +21,7 @@ SMALLEST = {  # script, its smallest arguments, a line its output must have
     "bench_hidden.py": (["--rounds", "1"], "machine CPU per rollout"),
     "bench_replies.py": ([], "JSON bomb"),
     "clean_exit.py": (["--repeat", "1"], "sigkill-starting"),
+    "bench_graph.py": (["--families", "tensor_ops/trimmed_mean_fn"], "1 of 1 families trace on every case; 1 pass"),
 }
 
 
