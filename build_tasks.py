@@ -36,7 +36,7 @@ from ptenv.tasks.rows import dumps_rows, run_solution, write_rows
 from ptenv.tasks.families import Instance, canonical_instance, other_formulations, rewarded_shortcuts
 from ptenv.grader import dtype_family, grade
 from ptenv.tasks.canonical import TASKS, Task
-from ptenv.tasks import functions, splits
+from ptenv.tasks import efficiency, functions, splits
 from ptenv.tasks.tiers import FUNCTION_TIERS, SPLITS, TIERS, instance_seed
 
 
@@ -184,15 +184,17 @@ def check_function_family(tier: str, family, variants: int) -> tuple[list[Check]
     missing = [c.name for c in family.cases if c.phrase not in family.contract]
     checks = [_check("contract", not missing, f"states no phrase of {missing}")]
     try:
-        for key in range(variants):
-            functions.gated_draw(family, f"verify#{key}", functions.DEFAULT_HIDDEN_CASES)
+        draws = [functions.gated_draw(family, f"verify#{key}", functions.DEFAULT_HIDDEN_CASES) for key in range(variants)]
         checks.append(Check("hidden", True))
     except Exception as e:
         return [*checks, Check("hidden", False, _one_line(e))], []
+    if efficiency.LEVEL in family.levels:
+        found = [problem for cases in draws for problem in efficiency.problems(family, cases)]
+        checks.append(_check("efficiency", not found, f"its honest implementation's graph: {found[:1]}"))
     rows = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)
-            for level in functions.LEVELS]
+            for level in family.levels]
     again = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)
-             for level in functions.LEVELS]
+             for level in family.levels]
     checks.append(_check("reproducible", dumps_rows(rows) == dumps_rows(again), "a second generation differs"))
     return checks, rows
 

@@ -31,7 +31,7 @@ VF_EVAL = Path(sys.executable).with_name("vf-eval")
 
 
 def tier_rows(tier: str, args) -> list[dict]:
-    chosen = parse_families(tier_families(tier, args), [tier], args.split, args.kind)
+    chosen = parse_families(tier_families(tier, args), [tier], args.split, args.kind, args.level)
     return [instance.row() for instance in select([tier], args.split, args.n, args.seed, args.kind, args.level, chosen)]
 
 
@@ -39,7 +39,7 @@ def tier_families(tier: str, args) -> list[str] | None:
     """The tier's families among --families (None: all of them)."""
     if args.families is None:
         return None
-    ids = [f.id for f in families(tier, args.split, args.kind)]
+    ids = [f.id for f in families(tier, args.split, args.kind, args.level)]
     return [f for f in args.families if f in ids]
 
 

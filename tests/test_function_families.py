@@ -97,7 +97,7 @@ def test_every_other_correct_implementation_passes_every_kept_set(family):
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_rows_are_byte_identical_and_parse(family):
-    for level in functions.LEVELS:
+    for level in family.levels:
         first, again = family.instance("t", 7, level).row(), family.instance("t", 7, level).row()
         assert dumps_rows([first]) == dumps_rows([again])
         row = parse_row(first, family.id)
@@ -106,3 +106,4 @@ def test_rows_are_byte_identical_and_parse(family):
         listed = "checked on hidden inputs of each of these kinds" in row.question
         assert listed == (level == 1)
         assert all(c.name in row.question for c in family.cases) or level != 1
+        assert ("Efficiency counts" in row.question) == (level == 3)

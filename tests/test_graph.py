@@ -17,8 +17,10 @@ import torch
 from ptenv.inside import graph
 from ptenv.inside.graph import GraphError, PER_CALL
 from ptenv.inside.namespace import new_namespace
+from ptenv.tasks import efficiency
 from ptenv.tasks.fn_intermediate import TRIMMED_MEAN
 from ptenv.tasks.functions import HiddenCases
+from ptenv.tasks.tiers import find_family
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED = set(TRIMMED_MEAN.allowlist(2)["allow"])
@@ -183,3 +185,13 @@ def test_a_hostile_graph_fails_naming_what_is_wrong():
     with pytest.raises(GraphError, match="constants are over"):
         graph.trace(define(f"TABLE = torch.ones({graph.MAX_CONSTANT_BYTES // 4 + 1})\n"
                            "def trimmed_mean(x, k):\n    return x.sum(0) + TABLE[:1]\n"), *spec({"x": x, "k": 1}))
+
+
+@pytest.mark.parametrize("family_id", sorted(efficiency.UNTRACED))
+def test_a_family_without_the_efficiency_level_has_an_honest_implementation_that_fails_it(family_id):
+    """efficiency.UNTRACED holds no family that could have the level (build_tasks.py --verify checks
+    the other way: every other family's honest graphs pass its hidden cases)."""
+    family = find_family(family_id)[1]
+    assert efficiency.LEVEL not in family.levels
+    draws = (HiddenCases("graph-test-secret", 8).of(family, seed) for seed in range(8))  # one that shows it
+    assert any(efficiency.problems(family, cases) for cases in draws)

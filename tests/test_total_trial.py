@@ -23,7 +23,7 @@ from ptenv.inside.memory import parse_stat
 from ptenv.inside.processes import is_live_process_of
 from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_CASES, MAX_HIDDEN_OUTPUTS, Limits
 from ptenv.inside.replies import describe
-from ptenv.tasks import tiers
+from ptenv.tasks import efficiency, tiers
 from ptenv.tasks.fn_intermediate import SEGMENT_MEAN
 from ptenv.tasks.functions import HiddenCases
 from ptenv.tasks.rows import dumps_rows, parse_row
@@ -109,10 +109,12 @@ def test_a_trial_reply_sent_in_pieces_is_one_document_the_host_reads(reports, lo
 
 async def play(box, source: str, level: int = 1, cases=None):
     """The trial of an answer to SEGMENT_MEAN in `box` (the in-place path: Prime's, and level 1's)."""
+    cases = cases or CASES.of(SEGMENT_MEAN, 3)
     return await assess_function(box.client.call, box.id, source=source, name=SEGMENT_MEAN.name,
                                  inputs=SEGMENT_MEAN.instance("intermediate", 3).inputs(),
-                                 cases=cases or CASES.of(SEGMENT_MEAN, 3), allowlist=SEGMENT_MEAN.allowlist(level),
-                                 limits=box.client.limits, partial_credit=False)
+                                 cases=cases, allowlist=SEGMENT_MEAN.allowlist(level),
+                                 limits=box.client.limits, partial_credit=False,
+                                 budgets=efficiency.budgets(SEGMENT_MEAN, cases) if level == efficiency.LEVEL else None)
 
 
 def answer_to(play_name: str) -> str:
@@ -121,7 +123,7 @@ def answer_to(play_name: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.rootless
-@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("level", [1, 2, 3])
 async def test_f4_an_answer_forging_the_callers_status_fails_as_the_model(box, level):
     outcome = await play(box, answer_to("F4_forge_the_status"), level)
     assert outcome.scoring_error is None and outcome.verdict.score == 0.0
@@ -286,7 +288,7 @@ def zygote_transport():
 
 @pytest.mark.slow
 @pytest.mark.rootless
-@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("level", [1, 2, 3])
 async def test_a_rollouts_trial_ends_its_session_first_wherever_it_runs(zygote_transport, level):
     """The path env/rollout.py takes: the session ends (nothing the model left running survives it),
     then the trial runs, at level 2 in a fresh sandbox of the trial zygote."""
@@ -316,7 +318,7 @@ def trial_rows(path, level: int) -> int:
 @pytest.mark.slow
 @pytest.mark.rootless
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("level", [1, 2, 3])
 def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_path, level):
     count = trial_rows(tmp_path / "rows.jsonl", level)
     url, stop = serve_in_thread(tmp_path / "rows.jsonl")
@@ -332,5 +334,13 @@ def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_pat
     for name, row in played.items():
         where = f"{name}: {row['verdict']} {row['scoring_error']}"
         assert (row["reward"], row["scoring_error"], row["harness_error"]) == (0.0, None, 0.0), where
-        assert TRIAL_REASONS[name] in row["verdict"]["reason"], where
+        assert reason(name, level) in row["verdict"]["reason"], where
+
+
+def reason(play_name: str, level: int) -> str:
+    """What a play's verdict says; at the efficiency level a graph of 8 outputs is over its own limit
+    (its run replies with the cost after them)."""
+    if play_name == "F7_largest_outputs" and level == efficiency.LEVEL:
+        return "the graph returns 8 tensors; at most 7 are read"
+    return TRIAL_REASONS[play_name]
 

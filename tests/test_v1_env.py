@@ -428,11 +428,11 @@ def test_vf_eval_a_channel_carries_a_writers_cases_and_the_reader_gains_nothing(
                            for t in traces])
 
 
-@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("level", [1, 2, 3])
 def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_path, level):
     """tests/test_total_trial.py's vf-eval run on this line: each of issue 34's findings, 0.0 as the
     model's failure with its reason, never a harness fault."""
-    from tests.test_total_trial import trial_rows
+    from tests.test_total_trial import reason, trial_rows
 
     count = trial_rows(tmp_path / "rows.jsonl", level)
     positions = {json.loads(line)["info"]["task_id"]: i for i, line in enumerate((tmp_path / "rows.jsonl").read_text().splitlines())}
@@ -449,4 +449,4 @@ def test_vf_eval_scores_every_finding_in_the_trial_as_the_models_failure(tmp_pat
     for name, trace in played.items():
         where = (name, trace["info"].get("verdict"), trace["info"].get("scoring_error"))
         assert trace["ok"] and score(trace) == 0.0 and trace["metrics"]["harness_error"] == 0.0, where
-        assert hostile_functions.TRIAL_REASONS[name] in trace["info"]["verdict"]["reason"], where
+        assert reason(name, level) in trace["info"]["verdict"]["reason"], where

@@ -13,6 +13,7 @@ from ptenv.host import answer, assess, requests
 from ptenv.host.blame import HarnessFault, ModelFault
 from ptenv.host.transports import Transport
 from ptenv.inside.protocol import one_line
+from ptenv.tasks import efficiency
 from ptenv.tasks.functions import HiddenCases
 from ptenv.tasks.rows import TaskRow
 from ptenv.tasks.tiers import find_family
@@ -112,13 +113,20 @@ async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *,
     except ModelFault as fault:
         return assess.assessment_of(fault, hidden_pass_fraction=0.0)
     allowlist = family.allowlist(row.level)
+    budgets = None
+    if row.level == efficiency.LEVEL:
+        try:  # the honest implementation traced and run on each case's shapes: CPU, on the drawing thread
+            budgets = await asyncio.wrap_future(DRAWER.submit(efficiency.budgets, family, drawn))
+        except Exception as e:
+            return assess.assessment_of(HarnessFault("the efficiency budget", one_line(e)))
     try:
         # Nothing of the model's session may run beside its trial, wherever the trial runs.
         await requests.end_session(transport.call, sandbox_id, timeout=transport.command_timeout)
         async with transport.trial_sandbox(sandbox_id, allowlist is not None) as trial_id:
             return await assess.assess_function(transport.call, trial_id, source=source, name=row.function,
                                                 inputs=row.inputs, cases=drawn, allowlist=allowlist,
-                                                limits=transport.limits, partial_credit=partial_credit)
+                                                limits=transport.limits, partial_credit=partial_credit,
+                                                budgets=budgets)
     except Exception as fault:  # ending the session, or making or deleting the trial's sandbox
         return assess.assessment_of(fault)
 

@@ -111,12 +111,14 @@ async def end_session(call, sandbox_id: str, *, timeout: float) -> None:
 
 
 async def trial(call, sandbox_id: str, *, source: str, name: str, inputs: dict[str, torch.Tensor], cases: list[dict],
-                allowlist: dict | None, limits: Limits) -> tuple[list[CaseResult], bool]:
+                allowlist: dict | None, limits: Limits, trace: bool = False) -> tuple[list[CaseResult], bool]:
     """Run the answer's function on the hidden cases' arguments in the sandbox (their expected
     outputs never leave the host): (one CaseResult per case, whether the callers ran with new
-    processes refused). The request's timeout is the trial's whole budget: one load of the answer,
-    every call with its grace, and the reserve the supervisor keeps after its own deadline."""
-    fields = trial_fields(source, name, inputs, cases, allowlist)
+    processes refused). With `trace` (the efficiency level) the tensors go as dtypes and shapes only
+    and each case's output is the function's graph. The request's timeout is the trial's whole
+    budget: one load of the answer, every call with its grace, and the reserve the supervisor keeps
+    after its own deadline."""
+    fields = trial_fields(source, name, inputs, cases, allowlist, trace=trace)
     doc = await send(call, sandbox_id, "trial", fields, trial_timeout(limits, len(cases)), "the trial")
     return parse_trial_reply(doc, len(cases))
 
@@ -139,11 +141,18 @@ def preload_fields(inputs: dict[str, torch.Tensor]) -> dict:
 
 
 def trial_fields(source: str, name: str, inputs: dict[str, torch.Tensor], cases: list[dict], allowlist: dict | None,
-                 call_limit: float = CALL_LIMIT) -> dict:
-    encoded = [{k: {"tensor": codec.encode(v)} if isinstance(v, torch.Tensor) else {"value": v} for k, v in args.items()}
+                 call_limit: float = CALL_LIMIT, *, trace: bool = False) -> dict:
+    encoded = [{k: tensor_field(v, trace) if isinstance(v, torch.Tensor) else {"value": v} for k, v in args.items()}
                for args in cases]
     return {"source": source, "name": name, "inputs": preload_fields(inputs)["inputs"], "cases": json.dumps(encoded),
-            "call_limit": call_limit, "allowlist": json.dumps(allowlist)}
+            "call_limit": call_limit, "allowlist": json.dumps(allowlist), "trace": trace}
+
+
+def tensor_field(tensor: torch.Tensor, trace: bool) -> dict:
+    """A case's tensor as the trial takes it: encoded, or for a trace its dtype and shape alone."""
+    if trace:
+        return {"spec": {"dtype": codec.DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape)}}
+    return {"tensor": codec.encode(tensor)}
 
 
 def parse_cell_reply(doc, limits: Limits, where: str = "running a cell") -> CellReply:

@@ -19,7 +19,7 @@ import traceback
 import torch
 
 from ptenv.inside import allowlist
-from ptenv.inside import codec, seccomp
+from ptenv.inside import codec, graph, seccomp
 from ptenv.inside.protocol import MAX_HIDDEN_OUTPUTS, one_line, recv_frame, send_frame
 from ptenv.inside.namespace import new_namespace
 from ptenv.inside.syscalls import PR_SET_NO_NEW_PRIVS, libc
@@ -38,10 +38,13 @@ def refuse_new_processes(rules: dict) -> bool:
         return False
 
 
-def prepare(allowed: dict | None) -> bool:
-    """Before the answer is here: the allowlist, if any ({"allow", "autograd"}), then the filters,
-    then its native stubs (the filters' installation is the harness's last foreign call). Whether
-    the OS refuses all it should."""
+def prepare(allowed: dict | None, trace: bool) -> bool:
+    """Before the answer is here: the tracer warmed up if it will trace (graph.warm_up: fast where
+    the process it forked from did it), the allowlist, if any ({"allow", "autograd"}), then the
+    filters, then its native stubs (the filters' installation is the harness's last foreign call).
+    Whether the OS refuses all it should."""
+    if trace:
+        graph.warm_up()
     if allowed is None:
         return refuse_new_processes(seccomp.CALLER_RULES)
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
@@ -52,17 +55,19 @@ def prepare(allowed: dict | None) -> bool:
     return protected
 
 
-def serve(control, inputs: str, allowlist: dict | None) -> None:
+def serve(control, inputs: str, allowlist: dict | None, trace: bool) -> None:
     """Prepare (the allowlist if any, then the filters) and say so; only then take the answer's
     source from the supervisor, load it and say whether it defines the function; then answer one
-    call per request until the channel closes. So the status is read before any code of the answer
-    is in this process, and every frame after it is the answer's to write. Every reference used
-    after the answer runs is taken before it does."""
+    call per request until the channel closes (with `trace`, the efficiency level: each case's
+    tensors come as specs, and the reply is the function's graph, graph.trace_bytes). So the status
+    is read before any code of the answer is in this process, and every frame after it is the
+    answer's to write. Every reference used after the answer runs is taken before it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
     recv, send, decode, to_bytes, Tensor = recv_frame, send_frame, codec.decode, codec.to_bytes, torch.Tensor
+    trace_bytes, frombuffer, uint8 = graph.trace_bytes, torch.frombuffer, torch.uint8
     tuple_, type_ = tuple, type
     try:
-        protected = prepare(allowlist)
+        protected = prepare(allowlist, trace)
     except Exception as e:  # before the answer is here: the harness's failure
         send(control, dumps({"status": "unprepared", "reason": describe(e)}).encode())
         return
@@ -87,8 +92,11 @@ def serve(control, inputs: str, allowlist: dict | None) -> None:
         if frame is None or getpid() != me:
             return
         try:
-            args = {k: decode(v["tensor"]) if "tensor" in v else v["value"] for k, v in loads(frame).items()}
-            value = function(**args)
+            if trace:
+                value = frombuffer(bytearray(trace_bytes(function, loads(frame))), dtype=uint8)
+            else:
+                args = {k: decode(v["tensor"]) if "tensor" in v else v["value"] for k, v in loads(frame).items()}
+                value = function(**args)
             outputs = list(value) if type_(value) is tuple_ else [value]
             if len(outputs) > MAX_HIDDEN_OUTPUTS:
                 raise ValueError(f"returned {len(outputs)} values; at most {MAX_HIDDEN_OUTPUTS} are read")

@@ -19,17 +19,23 @@ multiply-adds of a matrix product. Work done at trace time outside the graph (th
 numbers, caches) leaves nothing in it, so it is worth nothing at run time.
 """
 
+import json
 import math
 import operator
 
 import torch
 
 from ptenv.inside import codec
+from ptenv.inside.protocol import HIDDEN_OUTPUT_CAP, MAX_HIDDEN_OUTPUTS
 
 PER_CALL = 8  # an op call's own cost, in elements: n calls on one element each cost more than one call on n
 MAX_NODES = 20_000
-MAX_CONSTANT_BYTES = 1 << 20  # all tensor constants of a graph together (a table the function built, say)
+MAX_OUTPUTS = MAX_HIDDEN_OUTPUTS - 1  # its run replies with its cost after them
+MAX_GRAPH_BYTES = HIDDEN_OUTPUT_CAP * 3 // 4  # a graph's JSON, sent as a trial's output
+MAX_CONSTANT_BYTES = 32 << 10  # all tensor constants of a graph together (a table the function built, say)
 FORMAT = 1
+# The trusted program of the second trial: the answer's graphs run where none of its code is.
+EXECUTOR = "from ptenv.inside.graph import run_case as run_graph\n"
 
 
 class GraphError(ValueError):
@@ -118,7 +124,48 @@ def _plain(value, refs):
 TAGGED = {"dtype": torch.dtype, "device": torch.device, "layout": torch.layout, "memory_format": torch.memory_format}
 
 
+def warm_up() -> None:
+    """Trace once, and fail a trace once, in the process callers fork from: the tracer imports
+    modules on first use (its failure path, torch._dynamo and numpy's code), which a caller under
+    the allowlist could not load."""
+    trace(lambda x: x + 1, {"x": (torch.float32, (2,))}, {})
+    try:
+        trace(lambda x: x[0].item(), {"x": (torch.float32, (2,))}, {})
+    except GraphError:
+        pass
+
+
+def trace_bytes(function, case: dict) -> bytes:
+    """A trial's case in the caller at the efficiency level ({name: {"spec": ...} or {"value": ...}})
+    traced: the graph as JSON bytes, at most MAX_GRAPH_BYTES."""
+    tensors = {k: spec(v["spec"]) for k, v in case.items() if "spec" in v}
+    traced = trace(function, tensors, {k: v["value"] for k, v in case.items() if "spec" not in v})
+    text = json.dumps(traced, separators=(",", ":")).encode()
+    if len(text) > MAX_GRAPH_BYTES:
+        raise GraphError(f"the graph is {len(text)} bytes of JSON; at most {MAX_GRAPH_BYTES}")
+    return text
+
+
+def spec(doc) -> tuple[torch.dtype, tuple[int, ...]]:
+    """A fake tensor's dtype and shape, from the host's {"dtype", "shape"}."""
+    ok = isinstance(doc, dict) and doc.get("dtype") in codec.DTYPES and isinstance(doc.get("shape"), list) \
+        and len(doc["shape"]) <= codec.MAX_DIMS and all(type(n) is int and n >= 0 for n in doc["shape"])
+    if not ok:
+        raise ValueError(f"a malformed tensor spec: {doc!r:.100}")
+    return codec.DTYPES[doc["dtype"]], tuple(doc["shape"])
+
+
 # ---- run: in a process without the answer's code
+
+def run_case(graph: str, allowed: list, **inputs) -> tuple:
+    """EXECUTOR's function: one graph (JSON text) run on one case's tensors, its outputs then its cost."""
+    try:
+        decoded = json.loads(graph)
+    except ValueError:
+        raise GraphError("the graph is not JSON") from None
+    outputs, cost = run(decoded, inputs, set(allowed))
+    return (*outputs, torch.tensor(cost, dtype=torch.int64))
+
 
 def run(graph: dict, inputs: dict, allowed: set[str]) -> tuple[list, int]:
     """Execute a graph (as `encode` made it, from a hostile source) on real `inputs` by name, each
@@ -157,6 +204,8 @@ def run(graph: dict, inputs: dict, allowed: set[str]) -> tuple[list, int]:
     outputs = _value(graph.get("outputs"), values)
     if not isinstance(outputs, list) or not all(isinstance(o, torch.Tensor) for o in outputs):
         raise GraphError("the graph's outputs are not tensors")
+    if len(outputs) > MAX_OUTPUTS:
+        raise GraphError(f"the graph returns {len(outputs)} tensors; at most {MAX_OUTPUTS} are read")
     return outputs, cost
 
 

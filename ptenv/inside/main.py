@@ -19,7 +19,7 @@ import traceback
 
 import torch
 
-from ptenv.inside import allowlist, codec, supervisor
+from ptenv.inside import allowlist, codec, graph, supervisor
 from ptenv.inside.forkserver import ForkServer
 from ptenv.inside.namespace import new_namespace
 from ptenv.inside.protocol import Limits
@@ -65,6 +65,7 @@ def start_trial_zygote(control_fds: dict[str, int], cgroup_dirs: dict[str, int],
     if pid == 0:
         try:
             os.close(control_fds["main"])
+            graph.warm_up()  # before the install: the tracer's first use imports what a caller could not
             allowlist.install(set(allowlist_base))
             gc.freeze()  # past the install's objects too
             # Other libraries' code stays executable here (numpy's runs at every fork); callers remove it.
@@ -78,6 +79,7 @@ def start_trial_zygote(control_fds: dict[str, int], cgroup_dirs: dict[str, int],
 
 def serve(socket_path: str) -> None:
     warm_up()
+    graph.warm_up()  # on Prime the callers fork from this supervisor
     # The host's limits (ptenv.host.prime.sandbox_request): it reads the replies by the same ones.
     supervisor.serve(socket_path, Limits(**json.loads(os.environ["PTENV_LIMITS"])))
 

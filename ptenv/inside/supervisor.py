@@ -34,7 +34,7 @@ CONTAINER_MODEL_UID = 1_000_000  # the model's uid in a container we run as root
 # Each request's fields besides id, op and timeout. An op has this one name on every hop: the host's
 # request, this supervisor's handler, the interpreter's op.
 REQUESTS = {"shell": ("command", "cwd"), "run_cell": ("code",), "preload": ("inputs",), "read_result": (),
-            "end_session": (), "trial": ("source", "name", "inputs", "cases", "call_limit", "allowlist")}
+            "end_session": (), "trial": ("source", "name", "inputs", "cases", "call_limit", "allowlist", "trace")}
 
 
 class Supervisor:
@@ -241,7 +241,7 @@ def trial_of(request: dict, timeout: float, limits: Limits) -> trial.Trial:
     """A trial request, with its deadline: the host's wait less the trial's reserve (trial.py)."""
     return trial.Trial(source=request["source"], name=request["name"], inputs=request["inputs"],
                        cases=json.loads(request["cases"]), call_limit=float(request["call_limit"]),
-                       allowlist=json.loads(request["allowlist"]),
+                       allowlist=json.loads(request["allowlist"]), trace=request["trace"] is True,
                        deadline=time.monotonic() + timeout - trial.reserve(limits.grace),
                        loads_left=limits.cell_timeout, grace=limits.grace)
 

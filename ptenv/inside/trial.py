@@ -43,6 +43,7 @@ class Trial:
     cases: list
     call_limit: float
     allowlist: dict | None  # {"allow": [op], "autograd": bool}, or None: everything allowed
+    trace: bool  # the efficiency level: each case traced into a graph (graph.py), not called
     deadline: float  # time.monotonic(): the trial's reply goes out by then
     loads_left: float  # seconds all callers together may spend loading the answer
     grace: float
@@ -105,7 +106,7 @@ def start_caller(supervisor, trial: Trial) -> tuple[ModelProcess | None, str | N
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.setpgid(0, 0)
-        caller.serve(child_end, trial.inputs, trial.allowlist)
+        caller.serve(child_end, trial.inputs, trial.allowlist, trial.trace)
 
     pid = supervisor.fork_model_process(control, {child_end.fileno()}, 0, serve)
     child_end.close()

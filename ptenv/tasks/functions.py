@@ -19,7 +19,8 @@ Levels: 1 lists the hidden-case classes under the contract and gives the family'
 torch functions that help, the op itself included); 2 gives the contract alone, which still states
 every class, and runs the hidden calls under the family's allowlist (ptenv/tasks/allowed.py,
 ptenv/inside/allowlist.py): only the stated operations run, none of which computes the contract
-whole, and for a backward, automatic differentiation is removed too.
+whole, and for a backward, automatic differentiation is removed too; 3 (ptenv/tasks/efficiency.py)
+is level 2 graded as a graph traced without values, and its cost counts against a budget.
 """
 
 import functools
@@ -31,13 +32,14 @@ import torch
 
 from ptenv.grader import grade_outputs
 from ptenv.inside.protocol import MAX_HIDDEN_CASES
+from ptenv.tasks import efficiency
 from ptenv.tasks.allowed import BASE, Group
 from ptenv.tasks.families import (MARGIN, SHORTCUT_MARGIN, float64_inputs, generator, rounding_sensitivity,
                                   seeded, seen_by_gate, tolerance_ratio)
 from ptenv.tasks.host_state import reference_run
 from ptenv.tasks.rows import make_function_row
 
-LEVELS = (1, 2)
+LEVELS = (1, 2, 3)
 DEFAULT_HIDDEN_CASES = 8
 MAX_DRAWS = 20
 Args = dict  # keyword arguments of one call: tensors, and ints, floats, bools, strings, None or lists of ints
@@ -95,7 +97,7 @@ class FunctionFamily:
     def allowlist(self, level: int) -> dict | None:
         """What the trial allows at this level, as the `trial` request carries it: None
         (everything), or the aten packets allowed and whether autograd is."""
-        if level != LEVELS[-1]:
+        if level == 1:
             return None
         ops = {f"aten::{op}" for group in self.groups for op in group.ops if op not in self.banned}
         return {"allow": sorted(ops), "autograd": not self.own_gradient}
@@ -104,7 +106,14 @@ class FunctionFamily:
     def signature(self) -> str:
         return f"{self.name}({', '.join(self.params)})"
 
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """This family's levels: the efficiency level only where its honest implementation traces."""
+        return LEVELS if efficiency.has_level(self) else LEVELS[:-1]
+
     def instance(self, tier: str, seed: int, level: int = 1) -> "FunctionInstance":
+        if level not in self.levels:
+            raise ValueError(f"{self.id} has levels {self.levels}, not {level}: {efficiency.UNTRACED.get(self.id, '')}")
         args = self.cases[0].sample(generator(self.id, seed))
         return FunctionInstance(self, tier, seed, level, args)
 
@@ -155,6 +164,8 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
             parts += [f"Hint: {f.hint}"]
     if f.allowlist(level):
         parts += ["", allowlist_text(f)]
+    if level == efficiency.LEVEL:
+        parts += ["", efficiency.instruction(f, example)]
     parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
               f"Example call: `{f.name}({shown})`.", "",
               f"Your answer is the last ```python code block in your final message that defines `{f.name}`. "

@@ -26,7 +26,7 @@ def load_tasks(dataset_name: str = DEFAULT_DATASET, split: str = "train", tiers=
     names = tier_catalogue.parse_tiers(tiers)
     tier_catalogue.check_arguments(split, num_examples, seed, num_name)
     tier_catalogue.check_kind(kind, level, names)
-    chosen = tier_catalogue.parse_families(families, names, split, kind)
+    chosen = tier_catalogue.parse_families(families, names, split, kind, level)
     canonical = {row.task_id: row for row in load_rows(BUNDLED)} if kind == "result" else {}
     with reference_run():  # tasks are built as the sandbox runs them, and the host's torch left as it was
         return [canonical[i.id] if i.seed is None else parse_row(i.row(), i.id)

@@ -8,6 +8,7 @@ families appear in the test split only. The basic tier's default train set is th
 from ptenv.tasks.families import BasicFamily, canonical_instance
 from ptenv.tasks.canonical import TASKS
 from ptenv.tasks import advanced, expert, fn_advanced, fn_basic, fn_expert, fn_intermediate, intermediate
+from ptenv.tasks import efficiency
 from ptenv.tasks.functions import LEVELS
 
 TIERS = {
@@ -74,20 +75,24 @@ def instance_seed(seed: int, k: int, split: str) -> int:
     return seed * SEED_STRIDE + 2 * k + (split == "test")
 
 
-def families(tier: str, split: str, kind: str = "result") -> list:
+def families(tier: str, split: str, kind: str = "result", level: int = 1) -> list:
+    """The tier's families on this split (held-out ones in the test split only); at the efficiency
+    level, those that have it."""
     catalogue = TIERS if kind == "result" else FUNCTION_TIERS
-    return [f for f in catalogue[tier] if split == "test" or not f.held_out]
+    return [f for f in catalogue[tier] if (split == "test" or not f.held_out)
+            and (level != efficiency.LEVEL or efficiency.has_level(f))]
 
 
-def parse_families(chosen, tiers: list[str], split: str, kind: str) -> set[str] | None:
+def parse_families(chosen, tiers: list[str], split: str, kind: str, level: int = 1) -> set[str] | None:
     """The family ids `chosen` names (None: every family of the tiers), each one of the tiers' on this split."""
     if chosen is None:
         return None
     names = [chosen] if isinstance(chosen, str) else chosen
-    offered = [f.id for tier in tiers for f in families(tier, split, kind)]
+    offered = [f.id for tier in tiers for f in families(tier, split, kind, level)]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in offered for n in names):
         raise ValueError(f"families must be a family id of the {kind} form of tiers {tiers} on the {split} split "
-                         f"(held-out families are in the test split only), or a list of them, got {chosen!r}")
+                         f"(held-out families are in the test split only; level {efficiency.LEVEL} has the families "
+                         f"that trace), or a list of them, got {chosen!r}")
     return set(names)
 
 
@@ -103,7 +108,7 @@ def select(tiers: list[str], split: str, num_examples: int, seed: int, kind: str
         return family.instance(tier, seed_i) if kind == "result" else family.instance(tier, seed_i, level)
 
     def offered(tier: str) -> list:
-        return [f for f in families(tier, split, kind) if chosen is None or f.id in chosen]
+        return [f for f in families(tier, split, kind, level) if chosen is None or f.id in chosen]
 
     if num_examples != -1:
         pool = [(tier, family) for tier in tiers for family in offered(tier)]

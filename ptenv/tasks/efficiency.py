@@ -1,0 +1,122 @@
+"""The efficiency level of function tasks (level 3, issue 38): the hardest level's allowlist, and
+the answer graded as a graph (ptenv/inside/graph.py): traced without values in the answer's
+process, run in a process without its code, its cost counted from sizes alone. The reward is the
+correctness times `factor(cost / budget)`, the budget being the cost of the family's honest
+implementation (`by_hand`, or the reference) on the same shapes: full marks at or under it,
+falling with the ratio's logarithm to 0 at 10 times it.
+
+A family has this level when its honest implementation traces without values on every class of
+hidden case: not those in UNTRACED (bench/bench_graph.py lists them; tests/test_graph.py checks
+the list both ways).
+"""
+
+import json
+import math
+import threading
+
+import torch
+
+from ptenv.inside import graph
+from ptenv.tasks.host_state import reference_run
+
+LEVEL = 3
+ZERO_AT = 10.0  # cost over budget where the efficiency reaches 0
+
+UNTRACED = {
+    "tensor_ops/masked_select_fn": "its output's size is the number of selected values",
+    "optim/sgd_momentum_fn": "torch.optim's step records a profiler op",
+    "losses/label_smoothing_ce_fn": "ignored targets are counted by value",
+    "nn_modules/embedding_bag_fn": "its bags' sizes are values of `offsets`",
+    "tensor_ops/scatter_reduce_fn": "its honest loop reads index values",
+    "tensor_ops/fold_fn": "its honest loop reads index values",
+    "losses/nll_loss_fn": "ignored targets are counted by value",
+    "tensor_ops/scatter_median_fn": "its groups' sizes are values of `index`",
+    "losses/cross_entropy_fn": "ignored targets are counted by value",
+    "losses/ctc_loss_fn": "its lattice's sizes are values of the lengths",
+    "nn_modules/group_norm_lengths_fn": "its groups' sizes are values of `lengths`",
+    "nn_modules/monotonic_align_fn": "its path's sizes are values of the lengths",
+    "nn_modules/max_pool2d_fn": "its graph, a slice per window offset, is over the size a trial carries",
+}
+
+
+def has_level(family) -> bool:
+    return family.id not in UNTRACED
+
+
+def factor(cost: int, budget: int) -> float:
+    """1.0 at or under the budget, 1 - log10(cost / budget) above it, 0.0 from ZERO_AT times it."""
+    ratio = cost / max(budget, 1)
+    return 1.0 if ratio <= 1 else max(0.0, 1.0 - math.log(ratio, ZERO_AT))
+
+
+def budgets(family, cases: list) -> list[int]:
+    """The budget of each drawn case [(class, arguments, reference outputs)]."""
+    return [budget(family, args) for _, args, _ in cases]
+
+
+def budget(family, args: dict) -> int:
+    """The cost of the family's honest implementation on these arguments: its graph, traced on
+    their shapes, run on them. The cost depends on the shapes and the other arguments alone, and
+    is cached by them."""
+    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    key = (family.id, tuple((k, v.dtype, tuple(v.shape)) for k, v in tensors.items()),
+           json.dumps({k: v for k, v in args.items() if k not in tensors}, sort_keys=True))
+    with _lock:
+        if key in _budgets:
+            return _budgets[key]
+    namespace = {"torch": torch, "__name__": "__main__"}
+    exec(compile(family.by_hand, f"<{family.name} by_hand>", "exec"), namespace)
+    with reference_run():
+        traced = graph.trace(namespace[family.name], {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()},
+                             {k: v for k, v in args.items() if k not in tensors})
+        cost = graph.run(traced, {k: v.clone() for k, v in tensors.items()}, set(family.allowlist(LEVEL)["allow"]))[1]
+    with _lock:
+        if len(_budgets) >= MAX_CACHED:
+            _budgets.clear()
+        _budgets[key] = cost
+    return cost
+
+
+MAX_CACHED = 4096
+_budgets: dict[tuple, int] = {}
+_lock = threading.Lock()
+
+
+def problems(family, cases: list) -> list[str]:
+    """Why the honest implementation's graphs fail the efficiency level on drawn cases [(class,
+    arguments, reference outputs)]: a trace, a graph over the size a trial carries, or a graph whose
+    run fails a case (none: the family can have the level)."""
+    from ptenv.grader import grade_outputs
+
+    namespace = {"torch": torch, "__name__": "__main__"}
+    exec(compile(family.by_hand, f"<{family.name} by_hand>", "exec"), namespace)
+    found = []
+    for name, args, expected in cases:
+        tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+        case = {**{k: {"spec": {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}}
+                   for k, v in tensors.items()},
+                **{k: {"value": v} for k, v in args.items() if k not in tensors}}
+        try:
+            with reference_run():
+                text = graph.trace_bytes(namespace[family.name], case)
+                outputs, _ = graph.run(json.loads(text), {k: v.clone() for k, v in tensors.items()},
+                                       set(family.allowlist(LEVEL)["allow"]))
+        except graph.GraphError as e:
+            found.append(f"{name}: {e}")
+            continue
+        if (verdict := grade_outputs(outputs, expected)).score != 1.0:
+            found.append(f"{name}: its graph's outputs: {verdict.reason}")
+    return found
+
+
+def instruction(family, example: dict) -> str:
+    """What the efficiency level adds to the hardest level's instruction."""
+    return (f"Efficiency counts: your function is traced once per hidden input with `make_fx` on fake tensors "
+            f"(shapes and dtypes, no values; the other arguments as given), and the traced aten ops are what "
+            f"runs on the hidden input. So it must not read values (`.item()`, `.tolist()`, `float(t)`, `if` on a "
+            f"tensor) nor make a shape that depends on values (`nonzero`, a boolean mask as an index). Its cost "
+            f"is counted from sizes: each op call {graph.PER_CALL}, plus every element of its tensor arguments, "
+            f"plus every element of its outputs unless it returns a view (`view`, `expand`, slicing, `select`), "
+            f"plus a matrix product's multiply-adds. The reward is correctness times efficiency: 1 at or under "
+            f"the budget (the cost of an expert implementation on the same shapes), falling to 0 at "
+            f"{ZERO_AT:g} times it. On the example inputs the budget is {budget(family, example)}.")
