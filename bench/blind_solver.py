@@ -5,6 +5,7 @@ final answer per task. Grading happens afterwards, with the environment's own sa
     .venv/bin/python bench/blind_solver.py prompts DIR --per-tier 20   # DIR/prompts/<key>.md
     .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 2 --per-tier 10
     .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 2 --families ID... --per-family 2
+    .venv/bin/python bench/blind_solver.py prompts DIR --kind function --level 3 --families ID... --per-family 2
     .venv/bin/python bench/blind_solver.py try DIR KEY CODE.py          # run code on KEY's inputs (4 times at most)
     .venv/bin/python bench/blind_solver.py grade DIR                    # DIR/answers/<key>.py
 
@@ -27,6 +28,7 @@ from ptenv.host.assess import assess_function, assess_result
 from ptenv.tasks.rows import parse_row
 from ptenv.env.prompt import FUNCTION_SYSTEM_PROMPT, SYSTEM_PROMPT
 from ptenv.host.local import LocalSandboxClient
+from ptenv.tasks import efficiency
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
 from ptenv.tasks.tiers import FUNCTION_TIERS, TIERS, find_family, instance_seed, select
 
@@ -83,9 +85,10 @@ async def run(task: dict, code: str, grade: bool):
         if row.kind == "function" and grade:
             family = find_family(row.family)[1]
             cases = HiddenCases(secrets.token_hex(16), DEFAULT_HIDDEN_CASES).of(family, row.seed)
+            budgets = efficiency.budgets(family, cases) if row.level == efficiency.LEVEL else None
             outcome = await assess_function(client.call, sandbox.id, source=code, name=row.function, inputs=row.inputs,
                                             cases=cases, allowlist=family.allowlist(row.level), limits=client.limits,
-                                            partial_credit=False)
+                                            partial_credit=False, budgets=budgets)
             return "", outcome
         reply = await requests.run_cell(client.call, sandbox.id, code, timeout=TIMEOUT, limits=client.limits)
         outcome = await assess_result(client.call, sandbox.id, expected=row.expected, timeout=TIMEOUT) if grade else None
@@ -124,7 +127,7 @@ def grade_all(out: Path) -> None:
         if outcome.verdict.score != 1.0:
             failures.append((key, task["task_id"], outcome.scoring_error or outcome.verdict.reason))
     for tier, values in scores.items():
-        print(f"{tier:<13} pass@1 {sum(values) / len(values):6.1%}  ({int(sum(values))}/{len(values)})")
+        print(f"{tier:<13} mean reward {sum(values) / len(values):6.1%}  ({sum(values):g}/{len(values)})")
     for key, task_id, reason in failures:
         print(f"  failed {key} {task_id}: {reason}")
 
