@@ -166,11 +166,12 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
         parts += ["", allowlist_text(f)]
     if level == efficiency.LEVEL:
         parts += ["", efficiency.instruction(f, example)]
+    called = "traced as above, and its graph run," if level == efficiency.LEVEL else "called"
     parts += ["", f"Example inputs are preloaded in your Python session (`torch` is imported):\n{tensors}",
               f"Example call: `{f.name}({shown})`.", "",
               f"Your answer is the last ```python code block in your final message that defines `{f.name}`. "
               f"It runs in a fresh Python process (with `torch` imported and the example inputs defined) "
-              f"and `{f.name}` is called on hidden inputs that follow the contract; it must return what "
+              f"and `{f.name}` is {called} on hidden inputs that follow the contract; it must return what "
               f"the contract says, with the same dtypes and shapes as the reference would."]
     return "\n".join(parts)
 
