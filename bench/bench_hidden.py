@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_hidden.py [--rounds 3]
 
-For every function family: its level-1 trial with the reference, then its hardest level's trial,
-allowlist on, with its honest implementation (`by_hand`, or the reference), `rounds` times each,
+For every function family: its level-1 trial with the reference, then its level-2 trial, allowlist
+on, with its honest implementation (`by_hand`, or the reference), and where it has one, its level-3
+trial (the efficiency level: the trace, the graphs' run and the budgets), `rounds` times each,
 down the path a rollout takes (ptenv/env/rollout.py: the session ended, then the trial; at level 2
 in a fresh sandbox of the trial zygote, deleted after). CPU is counted where it is spent: the host
 process (searching the answer, encoding the cases, parsing the reply, grading), the rollout's
@@ -14,6 +15,7 @@ float64 recompute and every listed implementation run on the host), which every 
 (issue 35), as the CPU time of the drawing thread, median over `rounds` fresh nonces after a first
 draw (which imports what the family's implementations use, once per process).
 Target (issues 23, 26, 35): at most 100 ms of machine CPU per rollout at the default N, allowlist on or off.
+Level 3's total against level 2's, family by family, is the efficiency meter's overhead (issue 38).
 """
 
 import argparse
@@ -27,7 +29,8 @@ from pathlib import Path
 from ptenv.env.rollout import Draw, assess_rollout
 from ptenv.host import transports
 from ptenv.inside.protocol import Limits
-from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, LEVELS, HiddenCases
+from ptenv.tasks import efficiency
+from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
 from ptenv.tasks.rows import parse_row
 from ptenv.tasks.tiers import FUNCTION_TIERS, allowlist_base
 from tests.support.proctree import tree
@@ -86,7 +89,9 @@ async def main(rounds: int) -> None:
     rows = []
     try:
         for family in [f for members in FUNCTION_TIERS.values() for f in members]:
-            for label, level, source in (("", 1, family.reference), ("2", LEVELS[-1], family.by_hand)):
+            plays = [("", 1, family.reference), ("2", 2, family.by_hand)]
+            plays += [("3", efficiency.LEVEL, family.by_hand)] if efficiency.LEVEL in family.levels else []
+            for label, level, source in plays:
                 row = parse_row(family.instance("bench", 0, level).row(), family.id)
                 cases.of(family, row.seed)  # imports what the family's implementations use, once per process
                 draws, runs = [], []
@@ -109,10 +114,16 @@ async def main(rounds: int) -> None:
     draws = [draw for _, label, draw, _, _, _ in rows if not label]
     print(f"a rollout's draw (host CPU): median {statistics.median(draws):.1f} ms, max {max(draws):.1f} ms over "
           f"{len(draws)} families")
-    for label, name in (("", "level 1"), ("2", "level 2, allowlist on")):
+    for label, name in (("", "level 1"), ("2", "level 2, allowlist on"), ("3", "level 3, the efficiency level")):
         totals = [draw + host + sandbox for _, lab, draw, host, sandbox, _ in rows if lab == label]
+        target = "target <= 100 ms" if label != "3" else "the meter's overhead: against level 2 of the same families"
         print(f"machine CPU per rollout (N={DEFAULT_HIDDEN_CASES}), {name}: median {statistics.median(totals):.1f} "
-              f"ms, max {max(totals):.1f} ms over {len(totals)} families, the draw included; target <= 100 ms")
+              f"ms, max {max(totals):.1f} ms over {len(totals)} families, the draw included; {target}")
+    by_family = {(family_id, label): draw + host + sandbox for family_id, label, draw, host, sandbox, _ in rows}
+    ratios = [by_family[f, "3"] / by_family[f, "2"] for f, label in by_family if label == "3"]
+    if ratios:
+        print(f"level 3 against level 2, family by family: median {statistics.median(ratios):.2f}x, "
+              f"max {max(ratios):.2f}x (the trace, the second trial and the budget)")
 
 
 if __name__ == "__main__":

@@ -229,7 +229,7 @@ def test_a_function_tasks_trial_runs_in_the_container_through_ptenv_request(serv
     assert (banned.verdict.score, banned.scoring_error) == (0.0, None)
     assert "not on the allowlist: the function used automatic differentiation" in banned.verdict.reason
     assert [h["source"] for h in hidden] == [family.reference, forking, by_autograd]
-    assert all(set(h) == {"source", "name", "inputs", "cases", "call_limit", "allowlist", "timeout"} for h in hidden)
+    assert all(set(h) == {"source", "name", "inputs", "cases", "call_limit", "allowlist", "trace", "timeout"} for h in hidden)
     assert [json.loads(h["allowlist"]) for h in hidden] == [None, None, backward.allowlist(2)]
     assert not backward.allowlist(2)["autograd"]
     sent = json.loads(hidden[0]["cases"])
