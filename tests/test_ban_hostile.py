@@ -89,7 +89,7 @@ ROWS = 2 * len(tiers.FUNCTION_TIERS["expert"])
 INSTANCES = tiers.select(["expert"], "train", ROWS, 0, "function", 2)
 PLAYED = tuple([i for i, x in enumerate(INSTANCES) if x.family is FAMILIES["grid"]][:2]
                + [i for i, x in enumerate(INSTANCES) if x.family is FAMILIES["layer_norm"]][:1])
-ROLLOUTS = 19  # per row: 38 for GRID_SAMPLE (34 answers), 19 for LAYER_NORM_BACKWARD (16)
+ROLLOUTS = 19  # per row, at least each of its family's answers once (PLAYS: 33 for GRID_SAMPLE over its 2 rows, 16 for LAYER_NORM_BACKWARD)
 
 
 def shuffle_seed() -> int:

@@ -192,8 +192,10 @@ EXECUTOR_ENTRIES = tuple(symbol(TORCH_CPU, name) for name in (
     "OptionsE",
     "_ZN5torch3jit10tensorexpr17SimpleIREvaluatorC1ESt10shared_ptrINS1_4StmtEERKSt6vectorINS1_7CodeGen9BufferArgE"
     "SaIS8_EEN3c106DeviceERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"))
-# Every way a tensor comes to require grad ends in AutogradMeta::set_requires_grad (not exported).
-AUTOGRAD_ENTRIES = (local_symbol(TORCH_CPU, "_ZN5torch8autograd12AutogradMeta17set_requires_gradEbPN3c1010TensorImplE"),
+# Every way a tensor comes to require grad ends in AutogradMeta::set_requires_grad (not exported);
+# `torch.tensor(...)` calls it with False, which its stub lets return (requires_grad_stub).
+SET_REQUIRES_GRAD = local_symbol(TORCH_CPU, "_ZN5torch8autograd12AutogradMeta17set_requires_gradEbPN3c1010TensorImplE")
+AUTOGRAD_ENTRIES = (SET_REQUIRES_GRAD,
                     *(symbol(TORCH_CPU, name) for name in (
     "_ZN5torch8autograd6Engine7executeERKSt6vectorINS0_4EdgeESaIS3_EERKS2_IN2at6TensorESaIS9_EEbbbS7_",
     "_ZN5torch8autograd6Engine23execute_with_graph_taskERKSt10shared_ptrINS0_9GraphTaskEEN3c1013intrusive_ptr"
@@ -213,6 +215,14 @@ def exit_stub(code: int) -> bytes:
     return b"\xbf" + code.to_bytes(4, "little") + b"\xb8\xe7\x00\x00\x00\x0f\x05"  # mov edi; mov eax, 231; syscall
 
 
+def requires_grad_stub(code: int) -> bytes:
+    """Machine code for set_requires_grad(requires_grad, ...): return if requires_grad is false (its
+    second argument: the method's `this` is the first), else exit_group(code)."""
+    if platform.machine() == "aarch64":  # cbnz w1, +8; ret
+        return (0x35000041).to_bytes(4, "little") + (0xD65F03C0).to_bytes(4, "little") + exit_stub(code)
+    return b"\x40\x84\xf6\x75\x01\xc3" + exit_stub(code)  # test sil, sil; jnz +1; ret
+
+
 def seal(memory, autograd: bool) -> None:
     """Overwrite the native entry points: libffi's calls, the executors, and autograd's unless
     `autograd`. Last, since the harness's own ctypes calls (the seccomp filter) need libffi;
@@ -221,4 +231,4 @@ def seal(memory, autograd: bool) -> None:
     for addresses, code in traps:
         for address in addresses:
             memory.seek(address)
-            memory.write(exit_stub(code))
+            memory.write(requires_grad_stub(code) if address == SET_REQUIRES_GRAD else exit_stub(code))

@@ -33,7 +33,12 @@ def in_a_thread(body: str) -> str:
 
 
 HONEST = {"grid_sample_by_hand": ("grid", "honest", GRID_SAMPLE.by_hand),
-          "layer_norm_backward_by_hand": ("layer_norm", "honest", LAYER_NORM_BACKWARD.reference)}
+          "layer_norm_backward_by_hand": ("layer_norm", "honest", LAYER_NORM_BACKWARD.reference),
+          # torch.tensor sets requires_grad to False, which the autograd stub lets pass (a blind solver's
+          # answer died of it at the efficiency level)
+          "layer_norm_backward_with_torch_tensor": ("layer_norm", "honest", LAYER_NORM_BACKWARD.reference.replace(
+              "    xc = x - x.mean(-1, keepdim=True)\n",
+              "    eps = torch.tensor(eps, dtype=x.dtype)\n    xc = x - x.mean(-1, keepdim=True)\n"))}
 
 GRID = {
     # --- threads: the op in another thread; the answer re-raises what the thread raised
