@@ -1,13 +1,13 @@
 """The efficiency level of function tasks (level 3, issue 38): the hardest level's allowlist, and
 the answer graded as a graph (ptenv/inside/graph.py): traced without values in the answer's
 process, run in a process without its code, its cost counted from sizes alone. The reward is the
-correctness times `factor(cost / budget)`, the budget being the cost of the family's honest
-implementation (`by_hand`, or the reference) on the same shapes: full marks at or under it,
-falling with the ratio's logarithm to 0 at 10 times it.
+correctness times `factor(cost / budget)`, the budget being the cost of the family's expert
+implementation (`expert`) on the same shapes: full marks at or under it, falling with the ratio's
+logarithm to 0 at 10 times it.
 
-A family has this level when its honest implementation traces without values on every class of
-hidden case: not those in UNTRACED (bench/bench_graph.py lists them; tests/test_graph.py checks
-the list both ways).
+A family has this level when its expert implementation traces without values on every class of
+hidden case: not those in UNTRACED (bench/bench_graph.py lists them; tests/test_graph.py and
+build_tasks.py --verify check the list both ways).
 """
 
 import json
@@ -49,13 +49,19 @@ def factor(cost: int, budget: int) -> float:
     return 1.0 if ratio <= 1 else max(0.0, 1.0 - math.log(ratio, ZERO_AT))
 
 
+def expert(family) -> str:
+    """The implementation that sets the budget: the family's `efficient` one of also_correct where it
+    lists one (a fresh blind solver's answer, cheaper under the meter), else its honest one."""
+    return family.also_correct.get("efficient", family.by_hand)
+
+
 def budgets(family, cases: list) -> list[int]:
     """The budget of each drawn case [(class, arguments, reference outputs)]."""
     return [budget(family, args) for _, args, _ in cases]
 
 
 def budget(family, args: dict) -> int:
-    """The cost of the family's honest implementation on these arguments: its graph, traced on
+    """The cost of the family's expert implementation on these arguments: its graph, traced on
     their shapes, run on them. The cost depends on the shapes and the other arguments alone, and
     is cached by them."""
     tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
@@ -65,7 +71,7 @@ def budget(family, args: dict) -> int:
         if key in _budgets:
             return _budgets[key]
     namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(family.by_hand, f"<{family.name} by_hand>", "exec"), namespace)
+    exec(compile(expert(family), f"<{family.name} expert>", "exec"), namespace)
     with reference_run():
         traced = graph.trace(namespace[family.name], {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()},
                              {k: v for k, v in args.items() if k not in tensors})
@@ -83,13 +89,13 @@ _lock = threading.Lock()
 
 
 def problems(family, cases: list) -> list[str]:
-    """Why the honest implementation's graphs fail the efficiency level on drawn cases [(class,
+    """Why the expert implementation's graphs fail the efficiency level on drawn cases [(class,
     arguments, reference outputs)]: a trace, a graph over the size a trial carries, or a graph whose
     run fails a case (none: the family can have the level)."""
     from ptenv.grader import grade_outputs
 
     namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(family.by_hand, f"<{family.name} by_hand>", "exec"), namespace)
+    exec(compile(expert(family), f"<{family.name} expert>", "exec"), namespace)
     found = []
     for name, args, expected in cases:
         tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}

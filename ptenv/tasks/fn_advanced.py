@@ -1138,6 +1138,34 @@ def soft_pool2d(x, kernel_size, stride, padding):
     return out
 """
 
+# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
+# the meter than `by_hand`.
+_SOFT_POOL2D_EFFICIENT = """
+def soft_pool2d(x, kernel_size, stride, padding):
+    k, s, p = int(kernel_size), int(stride), int(padding)
+    H, W = x.shape[-2], x.shape[-1]
+    OH = (H + 2 * p - k) // s + 1
+    OW = (W + 2 * p - k) // s + 1
+    # row / column index of every window position (in unpadded coordinates)
+    rows = [[oh * s - p + i for i in range(k)] for oh in range(OH)]
+    cols = [[ow * s - p + j for j in range(k)] for ow in range(OW)]
+    need_pad = any(r < 0 or r >= H for rr in rows for r in rr) or any(c < 0 or c >= W for cc in cols for c in cc)
+    src = x
+    if need_pad:
+        # one extra row and column holding a huge negative value: exp(. - max) == 0 there
+        src = torch.nn.functional.pad(x, (0, 1, 0, 1), value=torch.finfo(x.dtype).min)
+        rows = [[r if 0 <= r < H else H for r in rr] for rr in rows]
+        cols = [[c if 0 <= c < W else W for c in cc] for cc in cols]
+    ridx = torch.tensor([[[[r] for r in rr]] for rr in rows], dtype=torch.long)  # (OH, 1, k, 1)
+    cidx = torch.tensor([[[cc] for cc in cols]], dtype=torch.long)             # (1, OW, 1, k)
+    win = src[..., ridx, cidx]                      # (..., OH, OW, k, k)
+    m = win.amax(dim=(-2, -1), keepdim=True)
+    e = torch.exp(win - m)
+    num = (e * win).sum(dim=(-2, -1))
+    den = e.sum(dim=(-2, -1))
+    return num / den
+"""
+
 SOFT_POOL2D = FunctionFamily(
     "nn_modules/soft_pool2d_fn", "soft_pool2d", ("x", "kernel_size", "stride", "padding"),
     "SoftPool. `x` is a float tensor of shape (N, C, H, W) or (C, H, W) (all >= 1; float32 or float64); "
@@ -1168,7 +1196,7 @@ SOFT_POOL2D = FunctionFamily(
         "plane_shift": _SOFTPOOL_REF.lstrip().replace("torch.exp(win - top)",
                                                       "torch.exp(win - x.amax((-2, -1))[..., None, None, None])"),
     },
-    also_correct={"literal": _SOFTPOOL_LITERAL.lstrip()},
+    also_correct={"efficient": _SOFT_POOL2D_EFFICIENT.lstrip(), "literal": _SOFTPOOL_LITERAL.lstrip()},
     hint="the ratio of two pooled sums; pad with -inf (`torch.nn.functional.pad(..., value=float('-inf'))`) so "
          "the padding weighs exp(-inf) = 0, gather the windows (`Tensor.unfold` twice), and subtract each "
          "window's maximum before `exp` (the ratio does not change).",
@@ -1243,6 +1271,178 @@ def resize_cubic(x, size):
     return out
 """
 
+# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
+# the meter than `by_hand`.
+_RESIZE_CATMULL_ROM_1D_EFFICIENT = """
+import math
+import torch
+
+
+def resize_cubic(x, size):
+    L = int(x.shape[-1])
+    S = int(size)
+    lead = tuple(x.shape[:-1])
+    R = x.dim()
+    M = 1
+    for d in lead:
+        M *= int(d)
+    dt, dev = x.dtype, x.device
+
+    if L == 1:
+        return x.expand(*lead, S)
+
+    def Wk(t):
+        t = abs(t)
+        if t <= 1.0:
+            return (1.5 * t - 2.5) * t * t + 1.0
+        if t < 2.0:
+            return ((-0.5 * t + 2.5) * t - 4.0) * t + 2.0
+        return 0.0
+
+    def rel_taps(src):
+        # {offset (unclamped source index): weight}, zero weights dropped
+        i0 = math.floor(src)
+        d = {}
+        for j in range(i0 - 1, i0 + 3):
+            w = Wk(src - j)
+            if w != 0.0:
+                d[j] = d.get(j, 0.0) + w
+        return d
+
+    def clampi(j):
+        return min(max(j, 0), L - 1)
+
+    # per-output taps with clamped (merged) indices
+    taps = []
+    for i in range(S):
+        src = (i + 0.5) * L / S - 0.5
+        d = {}
+        for j, w in rel_taps(src).items():
+            c = clampi(j)
+            d[c] = d.get(c, 0.0) + w
+        taps.append(sorted(d.items()))
+    K = max(len(t) for t in taps)
+
+    cands = []  # (cost estimate, name, param)
+
+    # P: pure pick (every output copies one input)
+    if K == 1 and all(t[0][1] == 1.0 for t in taps):
+        if S == L and all(taps[i][0][0] == i for i in range(S)):
+            return x.clone()
+        cands.append((16 + 3 * S + M * L + M * S, 'P', None))
+
+    # A: dense matrix product
+    cA = 16 + 3 * L * S + M * L + M * S + M * L * S + (0 if R == 2 else 16 + M * L + M * S)
+    cands.append((cA, 'A', None))
+
+    # B1: gather (.., K, S), multiply, sum
+    cB1 = 40 + 6 * K * S + M * L + 4 * M * K * S + M * S
+    cands.append((cB1, 'B1', None))
+
+    # B2: gather on transposed x (S, K, M), bmm with per-output weights
+    if R == 1:
+        cB2 = 16 + 4 * S * K + (8 + L) + (8 + L + S * K + S * K) + (8 + S * K + 2 * S * K + S) + (8 + S)
+    else:
+        cB2 = (16 + 4 * S * K + (0 if R == 2 else 8 + M * L) + (8 + M * L)
+               + (8 + M * L + S * K + S * K * M) + (8 + S * K + 2 * S * K * M + S * M)
+               + 2 * (8 + S * M))
+    cands.append((cB2, 'B2', None))
+
+    # C: periodic blocks sharing one weight matrix: (M*nb, w) @ (w, p)
+    g = math.gcd(L, S)
+    blocks = {}
+    for nb in range(2, g + 1):
+        if g % nb:
+            continue
+        p = S // nb
+        q = L // nb
+        cols = []
+        offs = set()
+        for u in range(p):
+            src = (u + 0.5) * L / S - 0.5
+            d = rel_taps(src)
+            cols.append(d)
+            offs.update(d.keys())
+        offs = sorted(offs)
+        w = len(offs)
+        blocks[nb] = (p, q, offs, cols)
+        cC = (40 + 3 * nb * w + 3 * w * p + M * L + 2 * M * nb * w + 2 * M * S + M * S * w
+              + (0 if R == 1 else 8 + M * nb * w))
+        cands.append((cC, 'C', nb))
+
+    cands.sort(key=lambda c: c[0])
+    _, kind, param = cands[0]
+
+    if kind == 'P':
+        idx = torch.tensor([t[0][0] for t in taps], dtype=torch.long, device=dev)
+        return x[..., idx]
+
+    if kind == 'A':
+        Wm = [[0.0] * S for _ in range(L)]
+        for i, t in enumerate(taps):
+            for c, w in t:
+                Wm[c][i] += w
+        Wt = torch.tensor(Wm, dtype=dt, device=dev)
+        if R == 2:
+            return torch.mm(x, Wt)
+        return torch.mm(x.reshape(M, L), Wt).view(*lead, S)
+
+    if kind == 'B1':
+        idx = [[0] * S for _ in range(K)]
+        wts = [[0.0] * S for _ in range(K)]
+        for i, t in enumerate(taps):
+            for k in range(K):
+                if k < len(t):
+                    idx[k][i], wts[k][i] = t[k]
+                else:
+                    idx[k][i], wts[k][i] = t[0][0], 0.0
+        it = torch.tensor(idx, dtype=torch.long, device=dev)
+        wt = torch.tensor(wts, dtype=dt, device=dev)
+        return (x[..., it] * wt).sum(-2)
+
+    if kind == 'B2':
+        idx = [[0] * K for _ in range(S)]
+        wts = [[[0.0] * K] for _ in range(S)]
+        for i, t in enumerate(taps):
+            for k in range(K):
+                if k < len(t):
+                    idx[i][k], wts[i][0][k] = t[k]
+                else:
+                    idx[i][k], wts[i][0][k] = t[0][0], 0.0
+        it = torch.tensor(idx, dtype=torch.long, device=dev)
+        wt = torch.tensor(wts, dtype=dt, device=dev)
+        if R == 1:
+            xt = x.view(L, 1)
+        elif R == 2:
+            xt = x.t()
+        else:
+            xt = x.reshape(M, L).t()
+        y = torch.bmm(wt, xt[it])  # (S, 1, M)
+        if R == 1:
+            return y.view(S)
+        if R == 2:
+            return y.view(S, M).t()
+        return y.view(S, *lead).movedim(0, -1)
+
+    # kind == 'C'
+    nb = param
+    p, q, offs, cols = blocks[nb]
+    w = len(offs)
+    pos = {o: k for k, o in enumerate(offs)}
+    Wb = [[0.0] * p for _ in range(w)]
+    for u, d in enumerate(cols):
+        for o, val in d.items():
+            Wb[pos[o]][u] += val
+    idx = [[clampi(b * q + o) for o in offs] for b in range(nb)]
+    it = torch.tensor(idx, dtype=torch.long, device=dev)
+    Wt = torch.tensor(Wb, dtype=dt, device=dev)
+    G = x[..., it]  # (..., nb, w)
+    if R != 1:
+        G = G.view(M * nb, w)
+    y = torch.mm(G, Wt)  # (M*nb, p)
+    return y.view(*lead, S)
+"""
+
 RESIZE_CATMULL_ROM_1D = FunctionFamily(
     "nn_modules/resize_catmull_rom_1d_fn", "resize_cubic", ("x", "size"),
     "`x` is a float tensor of rank 1 to 3 (float32 or float64) whose last dim has length L >= 1, and `size` "
@@ -1281,7 +1481,7 @@ RESIZE_CATMULL_ROM_1D = FunctionFamily(
         "truncated_src": _CUBIC_REF.lstrip().replace("i0 = math.floor(src)", "i0 = int(src)"),
         "src_clamped_at_0": _CUBIC_REF.lstrip().replace("src = (i + 0.5) * L / S - 0.5", "src = max((i + 0.5) * L / S - 0.5, 0.0)"),
     },
-    also_correct={"literal": _CUBIC_LITERAL.lstrip()},
+    also_correct={"efficient": _RESIZE_CATMULL_ROM_1D_EFFICIENT.lstrip(), "literal": _CUBIC_LITERAL.lstrip()},
     hint="`torch.nn.functional.interpolate(..., mode=\"bicubic\")` uses the same sampling and border clamping "
          "but a = -0.75; compute the four taps and weights per output position and gather.",
 )

@@ -1128,6 +1128,40 @@ def lsq_backward(x, step, qmin, qmax, grad_out):
     return (torch.tensor(grad_x, dtype=x.dtype).reshape(x.shape), torch.tensor(g * total, dtype=x.dtype))
 """
 
+# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
+# the meter than `by_hand`.
+_LSQ_BACKWARD_EFFICIENT = """
+def lsq_backward(x, step, qmin, qmax, grad_out):
+    import math, struct
+
+    def _next(q, up, dt):
+        # next representable value after q (an integer) in dtype dt, towards +inf if up else -inf
+        if dt == torch.float64:
+            return math.nextafter(float(q), math.inf if up else -math.inf)
+        f = struct.unpack('<f', struct.pack('<f', float(q)))[0]
+        if f == 0.0:
+            b = 1 if up else 0x80000001
+        else:
+            b = struct.unpack('<I', struct.pack('<f', f))[0]
+            b = b + 1 if (f > 0) == up else b - 1
+        return struct.unpack('<f', struct.pack('<I', b))[0]
+
+    dt = x.dtype
+    lo = _next(qmin, True, dt)    # smallest value strictly above qmin
+    hi = _next(qmax, False, dt)   # largest value strictly below qmax
+    v = x / step
+    c = torch.clamp(v, lo, hi)    # == v exactly iff qmin < v < qmax
+    r = torch.round(c)            # == round(clamp(v, qmin, qmax))
+    inside = c == v
+    gx = grad_out * inside
+    g = 1.0 / math.sqrt(x.numel() * qmax)
+    if x.dim() == 1:
+        s = torch.dot(grad_out, r) - torch.dot(gx, v)
+    else:
+        s = (grad_out * r).sum() - (gx * v).sum()
+    return gx, s * g
+"""
+
 LSQ_BACKWARD = FunctionFamily(
     "autograd/lsq_quantize_backward_fn", "lsq_backward", ("x", "step", "qmin", "qmax", "grad_out"),
     "`x` is a float tensor of any shape with at least one element (float32 or float64), `step` a positive "
@@ -1165,7 +1199,7 @@ LSQ_BACKWARD = FunctionFamily(
         "no_gradient_scale": _LSQ_REF.replace("g = 1.0 / math.sqrt(x.numel() * qmax)", "g = 1.0"),
         "half_up": _LSQ_REF.replace("torch.round(v) - v", "torch.floor(v + 0.5) - v"),
     },
-    also_correct={
+    also_correct={"efficient": _LSQ_BACKWARD_EFFICIENT.lstrip(),
         "literal": _LSQ_BACKWARD_LITERAL.lstrip(),
         "scale_each_term": _LSQ_REF.replace("return grad_x, (grad_out * d).sum() * g",
                                             "return grad_x, (grad_out * d * g).sum()"),

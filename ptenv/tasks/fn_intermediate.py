@@ -946,6 +946,21 @@ def segment_softmax_sink(x, seg, num_segments):
     return out
 """
 
+# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
+# the meter than `by_hand`.
+_SEGMENT_SOFTMAX_SINK_EFFICIENT = """
+import torch
+
+def segment_softmax_sink(x, seg, num_segments):
+    # float64 holds exp(+-125) exactly enough, so no per-segment max shift is needed
+    x64 = x.to(torch.float64)
+    e = torch.exp(x64)
+    den = torch.ones(num_segments, dtype=torch.float64, device=x.device)  # the sink's exp(0)
+    den = den.index_add(0, seg, e)
+    out = e / den[seg]
+    return out.to(x.dtype)
+"""
+
 SEGMENT_SOFTMAX_SINK = FunctionFamily(
     "tensor_ops/segment_softmax_sink_fn", "segment_softmax_sink", ("x", "seg", "num_segments"),
     "`x` is a float tensor of shape (N,) (N >= 0; float32 or float64), `seg` an int64 tensor of shape (N,) with "
@@ -997,7 +1012,7 @@ SEGMENT_SOFTMAX_SINK = FunctionFamily(
             "    out = e / torch.exp(-shift).index_add(0, seg, e)[seg]\n"
             "    return out[torch.sort(seg, stable=True).indices]\n",
     },
-    also_correct={
+    also_correct={"efficient": _SEGMENT_SOFTMAX_SINK_EFFICIENT.lstrip(),
         "literal": _SEGMENT_SINK_LITERAL.lstrip(),
         "by_hand":
             "def segment_softmax_sink(x, seg, num_segments):\n"
@@ -1051,6 +1066,28 @@ def discounted_returns(r, done, last, gamma):
             G[t, b] = value
             after = value
     return G
+"""
+
+# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
+# the meter than `by_hand`.
+_DISCOUNTED_RETURNS_EFFICIENT = """
+import torch
+
+def discounted_returns(r, done, last, gamma):
+    T = r.shape[0]
+    if T == 0:
+        return r.clone()
+    # per-step continuation factor: 0 where the episode ends, gamma otherwise
+    a = torch.where(done, torch.zeros((), dtype=r.dtype, device=r.device),
+                    torch.full((), float(gamma), dtype=r.dtype, device=r.device))
+    rs = r.unbind(0)
+    as_ = a.unbind(0)
+    outs = [None] * T
+    g = last
+    for t in range(T - 1, -1, -1):
+        g = rs[t] + as_[t] * g
+        outs[t] = g
+    return torch.stack(outs, 0)
 """
 
 DISCOUNTED_RETURNS = FunctionFamily(
@@ -1107,7 +1144,7 @@ DISCOUNTED_RETURNS = FunctionFamily(
             "        G[t] = after\n"
             "    return G\n",
     },
-    also_correct={"literal": _DISCOUNTED_RETURNS_LITERAL.lstrip()},
+    also_correct={"efficient": _DISCOUNTED_RETURNS_EFFICIENT.lstrip(), "literal": _DISCOUNTED_RETURNS_LITERAL.lstrip()},
     hint="loop over t from T - 1 down to 0, carrying the next step's return, with `torch.where(done[t], ...)`.",
 )
 
