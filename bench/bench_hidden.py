@@ -4,7 +4,8 @@
 
 For every function family: its level-1 trial with the reference, then its level-2 trial, allowlist
 on, with its honest implementation (`by_hand`, or the reference), and where it has one, its level-3
-trial (the efficiency level: the trace, the graphs' run and the budgets), `rounds` times each,
+trial with its expert implementation (the efficiency level: the trace, the graphs' run and the
+budgets), `rounds` times each,
 down the path a rollout takes (ptenv/env/rollout.py: the session ended, then the trial; at level 2
 in a fresh sandbox of the trial zygote, deleted after). CPU is counted where it is spent: the host
 process (searching the answer, encoding the cases, parsing the reply, grading), the rollout's
@@ -90,7 +91,7 @@ async def main(rounds: int) -> None:
     try:
         for family in [f for members in FUNCTION_TIERS.values() for f in members]:
             plays = [("", 1, family.reference), ("2", 2, family.by_hand)]
-            plays += [("3", efficiency.LEVEL, family.by_hand)] if efficiency.LEVEL in family.levels else []
+            plays += [("3", efficiency.LEVEL, efficiency.expert(family))] if efficiency.LEVEL in family.levels else []
             for label, level, source in plays:
                 row = parse_row(family.instance("bench", 0, level).row(), family.id)
                 cases.of(family, row.seed)  # imports what the family's implementations use, once per process
