@@ -190,7 +190,7 @@ def check_function_family(tier: str, family, variants: int) -> tuple[list[Check]
         return [*checks, Check("hidden", False, _one_line(e))], []
     if efficiency.LEVEL in family.levels:
         found = [problem for cases in draws for problem in efficiency.problems(family, cases)]
-        checks.append(_check("efficiency", not found, f"its honest implementation's graph: {found[:1]}"))
+        checks.append(_check("efficiency", not found, f"its expert implementation's graph: {found[:1]}"))
     rows = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)
             for level in family.levels]
     again = [family.instance(tier, seed, level).row() for _, seed in variant_seeds(family, variants)

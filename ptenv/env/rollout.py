@@ -115,7 +115,7 @@ async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *,
     allowlist = family.allowlist(row.level)
     budgets = None
     if row.level == efficiency.LEVEL:
-        try:  # the honest implementation traced and run on each case's shapes: CPU, on the drawing thread
+        try:  # the expert implementation traced and run on each case's shapes: CPU, on the drawing thread
             budgets = await asyncio.wrap_future(DRAWER.submit(efficiency.budgets, family, drawn))
         except Exception as e:
             return assess.assessment_of(HarnessFault("the efficiency budget", one_line(e)))

@@ -59,12 +59,12 @@ def serve(control, inputs: str, allowlist: dict | None, trace: bool) -> None:
     """Prepare (the allowlist if any, then the filters) and say so; only then take the answer's
     source from the supervisor, load it and say whether it defines the function; then answer one
     call per request until the channel closes (with `trace`, the efficiency level: each case's
-    tensors come as specs, and the reply is the function's graph, graph.trace_bytes). So the status
+    tensors come as specs, and the reply is the function's graph, graph.trace_case). So the status
     is read before any code of the answer is in this process, and every frame after it is the
     answer's to write. Every reference used after the answer runs is taken before it does."""
     dumps, loads, getpid, me = json.dumps, json.loads, os.getpid, os.getpid()
     recv, send, decode, to_bytes, Tensor = recv_frame, send_frame, codec.decode, codec.to_bytes, torch.Tensor
-    trace_bytes, frombuffer, uint8 = graph.trace_bytes, torch.frombuffer, torch.uint8
+    trace_case, frombuffer, uint8 = graph.trace_case, torch.frombuffer, torch.uint8
     tuple_, type_ = tuple, type
     try:
         protected = prepare(allowlist, trace)
@@ -93,7 +93,7 @@ def serve(control, inputs: str, allowlist: dict | None, trace: bool) -> None:
             return
         try:
             if trace:
-                value = frombuffer(bytearray(trace_bytes(function, loads(frame))), dtype=uint8)
+                value = frombuffer(bytearray(trace_case(function, loads(frame))), dtype=uint8)
             else:
                 args = {k: decode(v["tensor"]) if "tensor" in v else v["value"] for k, v in loads(frame).items()}
                 value = function(**args)

@@ -135,12 +135,16 @@ def warm_up() -> None:
         pass
 
 
-def trace_bytes(function, case: dict) -> bytes:
+def trace_case(function, case: dict) -> bytes:
     """A trial's case in the caller at the efficiency level ({name: {"spec": ...} or {"value": ...}})
-    traced: the graph as JSON bytes, at most MAX_GRAPH_BYTES."""
+    traced: trace_bytes."""
     tensors = {k: spec(v["spec"]) for k, v in case.items() if "spec" in v}
-    traced = trace(function, tensors, {k: v["value"] for k, v in case.items() if "spec" not in v})
-    text = json.dumps(traced, separators=(",", ":")).encode()
+    return trace_bytes(function, tensors, {k: v["value"] for k, v in case.items() if "spec" not in v})
+
+
+def trace_bytes(function, tensors: dict, literals: dict) -> bytes:
+    """`trace`'s graph as a trial carries it: JSON bytes, at most MAX_GRAPH_BYTES."""
+    text = json.dumps(trace(function, tensors, literals), separators=(",", ":")).encode()
     if len(text) > MAX_GRAPH_BYTES:
         raise GraphError(f"the graph is {len(text)} bytes of JSON; at most {MAX_GRAPH_BYTES}")
     return text

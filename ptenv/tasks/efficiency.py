@@ -61,21 +61,14 @@ def budgets(family, cases: list) -> list[int]:
 
 
 def budget(family, args: dict) -> int:
-    """The cost of the family's expert implementation on these arguments: its graph, traced on
-    their shapes, run on them. The cost depends on the shapes and the other arguments alone, and
-    is cached by them."""
-    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-    key = (family.id, tuple((k, v.dtype, tuple(v.shape)) for k, v in tensors.items()),
-           json.dumps({k: v for k, v in args.items() if k not in tensors}, sort_keys=True))
+    """The cost of the family's expert implementation on these arguments (expert_run). The cost
+    depends on the shapes and the other arguments alone, and is cached by them."""
+    key = (family.id, tuple((k, v.dtype, tuple(v.shape)) for k, v in args.items() if isinstance(v, torch.Tensor)),
+           json.dumps({k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}, sort_keys=True))
     with _lock:
         if key in _budgets:
             return _budgets[key]
-    namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(expert(family), f"<{family.name} expert>", "exec"), namespace)
-    with reference_run():
-        traced = graph.trace(namespace[family.name], {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()},
-                             {k: v for k, v in args.items() if k not in tensors})
-        cost = graph.run(traced, {k: v.clone() for k, v in tensors.items()}, set(family.allowlist(LEVEL)["allow"]))[1]
+    cost = expert_run(family, args)[1]
     with _lock:
         if len(_budgets) >= MAX_CACHED:
             _budgets.clear()
@@ -88,25 +81,29 @@ _budgets: dict[tuple, int] = {}
 _lock = threading.Lock()
 
 
+def expert_run(family, args: dict) -> tuple[list, int]:
+    """The expert implementation's graph, traced on the arguments' shapes as a trial's caller traces
+    it (graph.trace_bytes), then run on them: (its outputs, its cost). GraphError if it cannot."""
+    namespace = {"torch": torch, "__name__": "__main__"}
+    exec(compile(expert(family), f"<{family.name} expert>", "exec"), namespace)
+    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    with reference_run():
+        text = graph.trace_bytes(namespace[family.name], {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()},
+                                 {k: v for k, v in args.items() if k not in tensors})
+        return graph.run(json.loads(text), {k: v.clone() for k, v in tensors.items()},
+                         set(family.allowlist(LEVEL)["allow"]))
+
+
 def problems(family, cases: list) -> list[str]:
     """Why the expert implementation's graphs fail the efficiency level on drawn cases [(class,
     arguments, reference outputs)]: a trace, a graph over the size a trial carries, or a graph whose
     run fails a case (none: the family can have the level)."""
     from ptenv.grader import grade_outputs
 
-    namespace = {"torch": torch, "__name__": "__main__"}
-    exec(compile(expert(family), f"<{family.name} expert>", "exec"), namespace)
     found = []
     for name, args, expected in cases:
-        tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-        case = {**{k: {"spec": {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}}
-                   for k, v in tensors.items()},
-                **{k: {"value": v} for k, v in args.items() if k not in tensors}}
         try:
-            with reference_run():
-                text = graph.trace_bytes(namespace[family.name], case)
-                outputs, _ = graph.run(json.loads(text), {k: v.clone() for k, v in tensors.items()},
-                                       set(family.allowlist(LEVEL)["allow"]))
+            outputs, _ = expert_run(family, args)
         except graph.GraphError as e:
             found.append(f"{name}: {e}")
             continue

@@ -108,7 +108,7 @@ class FunctionFamily:
 
     @property
     def levels(self) -> tuple[int, ...]:
-        """This family's levels: the efficiency level only where its honest implementation traces."""
+        """This family's levels: the efficiency level only where its expert implementation traces."""
         return LEVELS if efficiency.has_level(self) else LEVELS[:-1]
 
     def instance(self, tier: str, seed: int, level: int = 1) -> "FunctionInstance":
