@@ -6,6 +6,12 @@ trainer keeps them, against a scripted model server on 127.0.0.1 whose replies t
     PYTHONPATH=/tmp/before .venv/bin/python bench/bench_scale.py ...        # another checkout's ptenv
     .venv/bin/python bench/bench_scale.py --soak 3600 --concurrency 256 --hostile 0.1
     .venv/bin/python bench/bench_scale.py --smallest                        # the CI setting
+    .venv/bin/python bench/bench_scale.py --client openai --concurrency 1000
+
+The model client is the trainer's, not the environment's: by default the one verifiers 0.3.1 builds
+from a ClientConfig (httpx 0.29 on httpcore 1.0.9, whose pool walks every connection, and for each
+idle one every connection again, on each request: encode/httpcore#1035); with --client openai, the
+AsyncOpenAI client openai builds by default (httpx2, whose pool keeps no such walk).
 
 Result and function tasks run side by side, half the concurrency each (two environments in this
 process, as a trainer mixing them has); with --hostile, that share of each plays the hostile
@@ -48,6 +54,7 @@ FUNCTION_ROWS = 100  # the basic tier's function rows
 LAG_TICK = 0.05
 LAG_TARGET = 0.05  # issue 36: p99 at most 50 ms
 MARGIN_GIB = 3.0  # memory left to the machine's other users
+MODEL_CLIENT = "verifiers"  # the model client, from --client
 POLICIES = {"result": ("reference", "hostile"), "function": ("reference", "function_hostile")}
 
 
@@ -103,12 +110,17 @@ class Watch:
         gc.callbacks.remove(on_gc)
 
     def sample(self) -> None:
-        """A thread: RSS every second; PSS and fds once as many sandboxes live as rollouts are in flight."""
+        """A thread: RSS every second; PSS and fds once, when as many sandboxes live as rollouts are in
+        flight or, in a batch that ends rollouts before its last sandboxes exist, once their count falls
+        a tenth below its peak."""
+        peak = 0
         while not self.done.wait(1.0):
             self.rss_peak = max(self.rss_peak, rss_mib())
-            if self.pss is None and live_sandboxes() >= 0.95 * self.concurrency:
+            live = live_sandboxes()
+            if self.pss is None and (live >= 0.95 * self.concurrency or 0 < live < 0.9 * peak):
                 self.fds = len(os.listdir("/proc/self/fd"))
                 self.pss = sandbox_pss()
+            peak = max(peak, live)
 
 
 # The innermost frame of these places names where a late loop was; the standard library's frames are skipped.
@@ -117,14 +129,16 @@ PLACES = (("/ptenv/", "environment"), ("/httpcore/", "model client"), ("/httpx/"
 
 
 def where(frame, collecting: bool) -> str:
+    """The place; for the environment, also its innermost function (ptenv/host/local.py:call)."""
     if collecting:
         return "garbage collector"
-    if frame is not None and frame.f_code.co_filename.endswith("selectors.py"):
+    if frame is not None and frame.f_code.co_filename.endswith("selectors.py") and frame.f_code.co_name == "select":
         return "waiting for a CPU"  # idle in its poll, its timer long due: the machine is busy
     while frame is not None:
+        name = frame.f_code.co_filename
         for part, place in PLACES:
-            if part in frame.f_code.co_filename:
-                return place
+            if part in name:
+                return place if place != "environment" else f"{place} ({name[name.rindex('/ptenv/') + 1:]}:{frame.f_code.co_name})"
         frame = frame.f_back
     return "other"
 
@@ -236,16 +250,27 @@ def expected_reward(policy: str) -> float:
     return 1.0 if policy == "reference" else 0.0
 
 
-async def run_classic(envs: dict, url: str, kind: str, policy: str, concurrency: int, n: int) -> list[dict]:
-    """n rollouts at `concurrency`; one dict per rollout that came back: reward, scoring_error."""
+def model_client(url: str):
+    """The trainer's model client, as --client chose it."""
     import verifiers as vf
 
+    if MODEL_CLIENT == "openai":
+        from openai import AsyncOpenAI
+
+        return vf.OpenAIChatCompletionsClient(AsyncOpenAI(base_url=url, api_key=os.environ["BENCH_API_KEY"]))
+    return vf.ClientConfig(client_type="openai_chat_completions", api_key_var="BENCH_API_KEY", api_base_url=url)
+
+
+async def run_classic(envs: dict, url: str, kind: str, policy: str, concurrency: int, n: int) -> list[dict]:
+    """n rollouts at `concurrency`; one dict per rollout that came back: reward, scoring_error."""
     env = envs[kind]
     rows = env.get_dataset().to_list()
     inputs = [{**rows[i % len(rows)], "example_id": i} for i in range(n)]
-    client = vf.ClientConfig(client_type="openai_chat_completions", api_key_var="BENCH_API_KEY", api_base_url=url)
+    client = model_client(url)
     out = await env.generate(inputs, client=client, model=policy, max_concurrent=concurrency, independent_scoring=True,
                              state_columns=["scoring_error", "verdict"], on_progress=lambda *a: None)
+    if MODEL_CLIENT == "openai":
+        await client.close()
     return [{"reward": o["reward"], "scoring_error": o["scoring_error"], "reason": (o.get("verdict") or {}).get("reason")}
             for o in out["outputs"]]
 
@@ -329,8 +354,14 @@ def print_level(r: dict) -> None:
           f"{r['fds']}   loop lag p50/p99 {r['lag'][0]:5.1f}/{r['lag'][1]:6.1f} ms   create p50/p99 "
           f"{r['create'][0]:6.1f}/{r['create'][1]:7.1f} ms", flush=True)
     if late := r["late"]:
-        shares = ", ".join(f"{place} {n / late.total():.0%}" for place, n in late.most_common())
+        places = Counter()
+        for place, n in late.items():
+            places[place.split(" (")[0]] += n
+        shares = ", ".join(f"{place} {n / late.total():.0%}" for place, n in places.most_common())
+        ours = ", ".join(f"{place[len('environment ('):-1]} {n}" for place, n in late.most_common() if place.startswith("environment"))
         print(f"        loop >{LAG_TARGET * 1e3:.0f} ms late, sampled every 10 ms ({late.total()}): {shares}", flush=True)
+        if ours:
+            print(f"        the environment's late samples by function: {ours}", flush=True)
     print(f"        lost {r['lost']}   scoring_error {r['scoring_errors']}   wrong reward {r['wrong']}", flush=True)
     for why in r["why"]:
         print(f"        e.g. {why}", flush=True)
@@ -367,7 +398,7 @@ async def main(levels: list[int], rounds: int, delay: tuple[float, float], hosti
     write_rows(rows)
     server, url = start_server(delay, rows)
     done: list[dict] = []
-    print(f"verifiers {'0.4 (v1)' if V1 else '0.3.1 (classic)'}; ptenv from {Path(sys.modules['ptenv'].__file__).parent}; "
+    print(f"verifiers {'0.4 (v1)' if V1 else '0.3.1 (classic)'}; model client: {MODEL_CLIENT}; ptenv from {Path(sys.modules['ptenv'].__file__).parent}; "
           f"replies take {delay[0]:g}-{delay[1]:g} s; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}", flush=True)
     try:
         envs = load_envs(work.name)
@@ -431,10 +462,16 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="rollouts per slot in each level")
     parser.add_argument("--hostile", type=float, default=0.0, help="the share of rollouts playing the hostile policies")
     parser.add_argument("--soak", type=float, default=0.0, help="seconds to run the first level for, in batches")
+    parser.add_argument("--client", choices=("verifiers", "openai"), default="verifiers",
+                        help="the trainer's model client (verifiers 0.3.1 only): verifiers' from a ClientConfig, "
+                             "or openai's default")
+    parser.add_argument("--delay", type=float, nargs=2, default=list(DELAY), metavar=("LO", "HI"),
+                        help="seconds a model reply takes, drawn between LO and HI")
     parser.add_argument("--smallest", action="store_true", help="8 in flight, replies of 0.1-0.5 s: the CI setting")
     args = parser.parse_args()
+    if args.client == "openai" and V1:
+        parser.error("--client openai: verifiers 0.4's agent programs build their own client")
+    MODEL_CLIENT = args.client
     if args.smallest:
-        args.concurrency, args.rounds, delay = [8], 1, (0.1, 0.5)
-    else:
-        delay = DELAY
-    sys.exit(asyncio.run(main(args.concurrency, args.rounds, delay, args.hostile, args.soak)))
+        args.concurrency, args.rounds, args.delay = [8], 1, (0.1, 0.5)
+    sys.exit(asyncio.run(main(args.concurrency, args.rounds, tuple(args.delay), args.hostile, args.soak)))

@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
-SMALLEST = {  # script, its smallest arguments, a line its output must have
+SMALLEST = {  # script (and what sets a second run of it apart), its smallest arguments, a line its output must have
     "bench_env.py": (["--quick"], "targets: overhead p50"),
     "bench_scale.py": (["--smallest"], "lost 0   scoring_error 0   wrong reward 0"),
+    "bench_scale.py --client openai": (["--smallest", "--client", "openai"], "lost 0   scoring_error 0   wrong reward 0"),
     "bench_sandbox.py": (["--quick"], "PSS per idle sandbox"),
     "bench_grader.py": ([], "p50"),
     "bench_hidden.py": (["--rounds", "1"], "machine CPU per rollout"),
@@ -29,7 +30,7 @@ SMALLEST = {  # script, its smallest arguments, a line its output must have
 @pytest.mark.parametrize("script", SMALLEST)
 def test_the_benchmark_runs_whole_at_its_smallest_setting(script):
     args, line = SMALLEST[script]
-    done = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=REPO, stdout=subprocess.PIPE,
+    done = subprocess.run([sys.executable, str(REPO / "bench" / script.split()[0]), *args], cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=880)
     assert done.returncode == 0, done.stdout[-3000:]
     assert line in done.stdout, done.stdout[-3000:]
