@@ -8,12 +8,13 @@ trial with its expert implementation (the efficiency level: the trace, the graph
 budgets), `rounds` times each,
 down the path a rollout takes (ptenv/env/rollout.py: the session ended, then the trial; at level 2
 in a fresh sandbox of the trial zygote, deleted after). CPU is counted where it is spent: the host
-process (searching the answer, encoding the cases, parsing the reply, grading), the rollout's
+process (searching the answer, encoding the cases, parsing the reply, grading) with its drawing
+process (level 3's budgets), the rollout's
 sandbox (its supervisor and every caller it forked and reaped), and the fork server and trial zygote
 (forking sandboxes, and those they reaped: a trial's sandbox once deleted). Each is
 utime + stime + cutime + cstime. Apart: the draw of a rollout's cases (gated: the reference, its
 float64 recompute and every listed implementation run on the host), which every rollout pays
-(issue 35), as the CPU time of the drawing thread, median over `rounds` fresh nonces after a first
+(issue 35), as the CPU time of a thread of this process, median over `rounds` fresh nonces after a first
 draw (which imports what the family's implementations use, once per process).
 Target (issues 23, 26, 35): at most 100 ms of machine CPU per rollout at the default N, allowlist on or off.
 Level 3's total against level 2's, family by family, is the efficiency meter's overhead (issue 38).
@@ -27,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ptenv.env.rollout import Draw, assess_rollout
+from ptenv.env.rollout import DRAWER, Draw, assess_rollout
 from ptenv.host import transports
 from ptenv.inside.protocol import Limits
 from ptenv.tasks import efficiency
@@ -44,6 +45,10 @@ REAPED = 0.5  # seconds for a fork server to reap a deleted sandbox (it looks ev
 def own_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def host_cpu() -> float:
+    return own_cpu() + cpu(DRAWER.pid)
 
 
 def cpu(pid: int) -> float:
@@ -63,7 +68,7 @@ def fork_servers(bwrap_pid: int) -> list[int]:
 
 
 def draw_here(cases: HiddenCases, family, row, nonce: str) -> tuple[Draw, float]:
-    """A rollout's draw of its cases, made in this thread rather than the drawing thread, so that
+    """A rollout's draw of its cases, made in this thread rather than the drawing process, so that
     its CPU is counted apart from the trial's; and that CPU in seconds."""
     start = time.thread_time()
     drawn = cases.of(family, row.seed, nonce)
@@ -74,11 +79,12 @@ def draw_here(cases: HiddenCases, family, row, nonce: str) -> tuple[Draw, float]
 
 
 async def trial_cpu(transport, box, row, source: str, draw: Draw, servers: list[int]) -> tuple[float, float, float]:
-    """(host s, sandboxes s, wall s) of one trial of `source`, as a rollout that ends runs it."""
-    h0, s0, w0 = own_cpu(), cpu(box.supervisor[0]) + sum(map(cpu, servers)), time.perf_counter()
+    """(host s, sandboxes s, wall s) of one trial of `source`, as a rollout that ends runs it: the host
+    with its drawing process, which computes level 3's budgets."""
+    h0, s0, w0 = host_cpu(), cpu(box.supervisor[0]) + sum(map(cpu, servers)), time.perf_counter()
     outcome = await assess_rollout(row, transport, box.id, final_message=f"```python\n{source}```", draw=draw,
                                    partial_credit=False)
-    host, wall = own_cpu() - h0, time.perf_counter() - w0
+    host, wall = host_cpu() - h0, time.perf_counter() - w0
     await asyncio.sleep(REAPED)
     assert outcome.verdict.score == 1.0, (row.task_id, outcome.verdict.reason, outcome.scoring_error)
     return host, cpu(box.supervisor[0]) + sum(map(cpu, servers)) - s0, wall
@@ -87,6 +93,7 @@ async def trial_cpu(transport, box, row, source: str, draw: Draw, servers: list[
 async def main(rounds: int) -> None:
     transport = transports.local(Limits(), allowlist_base())
     cases = HiddenCases("bench", DEFAULT_HIDDEN_CASES)
+    DRAWER.submit("budgets", FUNCTION_TIERS["basic"][0].id, []).result()  # its start is no trial's CPU
     rows = []
     try:
         for family in [f for members in FUNCTION_TIERS.values() for f in members]:

@@ -16,7 +16,7 @@ AsyncOpenAI client openai builds by default (httpx2, whose pool keeps no such wa
 Result and function tasks run side by side, half the concurrency each (two environments in this
 process, as a trainer mixing them has); with --hostile, that share of each plays the hostile
 policies. The whole batch starts at once. Per concurrency it prints: rollouts/s; environment CPU
-per rollout (this process, and the sandboxes: the fork servers with every sandbox, live or reaped;
+per rollout (this process with its drawing process, and the sandboxes: the fork servers with every sandbox, live or reaped;
 on verifiers 0.4 also its agent programs, one Python process per rollout); peak host RSS, and PSS
 per live sandbox with the batch in flight; this process's open fds; event-loop lag p50/p99
 (a 50 ms sleep's overshoot), and where the loop was while it ran more than 50 ms late; create
@@ -42,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # tests.support is not installed; a PYTHONPATH checkout's ptenv comes first
 
+from ptenv.env import rollout  # noqa: E402
 from ptenv.host.local import LocalSandboxClient  # noqa: E402
 from ptenv.tasks.tiers import select  # noqa: E402
 from tests.support import proctree  # noqa: E402
@@ -214,18 +215,22 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds() -> dict[str, float]:
-    """This process, its reaped children (verifiers 0.4's agent programs), and every sandbox
-    process with the ones its fork server reaped (utime + stime + cutime + cstime)."""
+    """This process with its drawing process, its reaped children (verifiers 0.4's agent programs),
+    and every sandbox process with the ones its fork server reaped (utime + stime + cutime + cstime)."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    sandboxes = 0
-    for pid in proctree.tree(forkserver_trees()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                sandboxes += sum(int(t) for t in f.read().rsplit(")", 1)[1].split()[11:15])
-        except (OSError, ValueError):
-            continue
-    return {"host": own.ru_utime + own.ru_stime, "agent programs": reaped.ru_utime + reaped.ru_stime,
-            "sandboxes": sandboxes / TICK}
+    pid = getattr(rollout.DRAWER, "pid", None)  # None before the first draw, and in a checkout with a drawing thread
+    drawing = proc_cpu(pid) if pid else 0.0
+    return {"host": own.ru_utime + own.ru_stime + drawing, "agent programs": reaped.ru_utime + reaped.ru_stime,
+            "sandboxes": sum(proc_cpu(pid) for pid in proctree.tree(forkserver_trees()))}
+
+
+def proc_cpu(pid: int) -> float:
+    """A process's CPU and that of the children it reaped, in seconds (0 for one gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return sum(int(t) for t in f.read().rsplit(")", 1)[1].split()[11:15]) / TICK
+    except (OSError, ValueError):
+        return 0.0
 
 
 def mem_available_gib() -> float:
@@ -442,7 +447,7 @@ async def soak_run(envs: dict, url: str, concurrency: int, hostile: float, secon
     for client in CLIENTS:
         client.teardown()
     time.sleep(2)
-    left = [p for p in proctree.tree([os.getpid()]) if p != os.getpid() and not is_server(p)]
+    left = [p for p in proctree.tree([os.getpid()]) if p not in (os.getpid(), getattr(rollout.DRAWER, "pid", None)) and not is_server(p)]
     print(f"soak: {totals['rollouts']} rollouts in {time.monotonic() - start:.0f} s; lost {totals['lost']}; "
           f"scoring_error {totals['scoring_errors']}; wrong reward {totals['wrong']}; host RSS {rss[0]:.0f} MiB at "
           f"start, {rss[1]:.0f} after the first batch, {rss[-1]:.0f} at the end; processes left {len(left)}", flush=True)

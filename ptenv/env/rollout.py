@@ -2,13 +2,11 @@
 and assess it once it ends, a result task or a function task, from the task's row."""
 
 import asyncio
-import concurrent.futures
 import os
-import queue
 import secrets
-import threading
 from dataclasses import dataclass
 
+from ptenv.env.drawer import Drawer
 from ptenv.host import answer, assess, requests
 from ptenv.host.blame import HarnessFault, ModelFault
 from ptenv.host.transports import Transport
@@ -28,35 +26,6 @@ def evaluation_secret() -> str:
     evaluation that loads the environment (vf-eval, a trainer's orchestrator), or set by the user
     to draw reproducibly (each rollout records its nonce)."""
     return os.environ.setdefault(SECRET_VARIABLE, secrets.token_hex(16))
-
-
-class Drawer:
-    """One thread that draws hidden cases, a rollout's at a time, off the event loop. A daemon: an
-    exiting host waits for no draw (its sandboxes go with it, host/pool.py)."""
-
-    def __init__(self):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.lock = threading.Lock()
-
-    def submit(self, fn, *args) -> concurrent.futures.Future:
-        future = concurrent.futures.Future()
-        with self.lock:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self.run, name="ptenv-hidden-cases", daemon=True)
-                self.thread.start()
-        self.jobs.put((future, fn, args))
-        return future
-
-    def run(self) -> None:
-        while True:
-            future, fn, args = self.jobs.get()
-            if not future.set_running_or_notify_cancel():
-                continue  # its rollout ended first
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:
-                future.set_exception(e)
 
 
 DRAWER = Drawer()
@@ -82,7 +51,7 @@ def start_draw(row: TaskRow, cases: HiddenCases) -> Draw | None:
     if row.kind != "function":
         return None
     nonce = secrets.token_hex(8)
-    future = DRAWER.submit(cases.of, find_family(row.family)[1], row.seed, nonce)
+    future = DRAWER.submit("cases", cases.secret, cases.n, row.family, row.seed, nonce)
     return Draw(nonce, cases.secret_id, asyncio.wrap_future(future))
 
 
@@ -115,8 +84,8 @@ async def assess_rollout(row: TaskRow, transport: Transport, sandbox_id: str, *,
     allowlist = family.allowlist(row.level)
     budgets = None
     if row.level == efficiency.LEVEL:
-        try:  # the expert implementation traced and run on each case's shapes: CPU, on the drawing thread
-            budgets = await asyncio.wrap_future(DRAWER.submit(efficiency.budgets, family, drawn))
+        try:  # the expert implementation traced and run on each case's shapes: CPU, in the drawing process
+            budgets = await asyncio.wrap_future(DRAWER.submit("budgets", row.family, drawn))
         except Exception as e:
             return assess.assessment_of(HarnessFault("the efficiency budget", one_line(e)))
     try:
