@@ -64,6 +64,30 @@ def test_a_killed_drawing_process_fails_its_jobs_and_the_next_job_starts_another
     os.kill(drawer.pid, signal.SIGKILL)
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_job_whose_rollout_ended_while_it_waited_is_never_run():
+    drawer, slow = Drawer(), "autograd/layer_norm_backward_fn"  # every listed implementation, twice
+    try:
+        drawer.submit("cases", "s", 8, slow, 3, "warm").result(timeout=120)
+        before = cpu_seconds(drawer.pid)
+        for future in [drawer.submit("cases", "s", 8, slow, 3, f"run {k}") for k in range(5)]:
+            future.result(timeout=120)
+        five = cpu_seconds(drawer.pid) - before
+        first = drawer.submit("cases", "s", 8, slow, 3, "first")  # sent at once: the process is idle
+        waiting = [drawer.submit("cases", "s", 8, slow, 3, f"cancelled {k}") for k in range(40)]
+        assert sum(f.cancel() for f in waiting) >= 38  # all but one or two on a busy machine: not sent yet
+        before = cpu_seconds(drawer.pid)
+        first.result(timeout=120)
+        assert len(drawer.submit("cases", "s", 8, FAMILY, 0, "after").result(timeout=120)) == 8
+        assert cpu_seconds(drawer.pid) - before < five  # the cancelled cost nothing there
+    finally:
+        os.kill(drawer.pid, signal.SIGKILL)
+
+
 HOST = """
 import sys
 from ptenv.env.drawer import Drawer

@@ -68,23 +68,33 @@ class Drawer:
         finally:
             theirs.close()
         self.pid = process.pid
-        threading.Thread(target=self._receive, args=(ours, process, outbox), name="ptenv-drawer-replies",
+        # One job there at a time, so that a job whose rollout ended while it waited is never run.
+        idle = threading.Semaphore()
+        threading.Thread(target=self._receive, args=(ours, process, outbox, idle), name="ptenv-drawer-replies",
                          daemon=True).start()
-        while (item := outbox.get()) is not None:
+        while idle.acquire() and (item := outbox.get()) is not None:
+            with self._lock:  # beside _fail, which takes the jobs still pending under it
+                future = self._pending.get(item[0])
+                sending = future is not None and future.set_running_or_notify_cancel()
+                if not sending:
+                    self._pending.pop(item[0], None)
+            if not sending:  # failed already, or its rollout ended while it waited
+                idle.release()
+                continue
             try:
                 send_frame(ours, pickle.dumps(item))
             except OSError:
                 break  # the process is gone: _receive fails what it held
         process.wait()
 
-    def _receive(self, ours: socket.socket, process: subprocess.Popen, outbox: queue.SimpleQueue) -> None:
+    def _receive(self, ours: socket.socket, process: subprocess.Popen, outbox: queue.SimpleQueue,
+                 idle: threading.Semaphore) -> None:
         try:
             while (frame := recv_frame(ours, MAX_FRAME)) is not None:
                 job_id, ok, value = pickle.loads(frame)
                 with self._lock:
                     future = self._pending.pop(job_id)
-                if not future.set_running_or_notify_cancel():
-                    continue  # its rollout ended first
+                idle.release()
                 if ok:
                     future.set_result(value)
                 else:
@@ -95,6 +105,7 @@ class Drawer:
         process.kill()
         code = process.wait()
         self._fail(outbox, f"the drawing process exited (code {code})")
+        idle.release()  # the sending thread sees the end of its jobs
 
     def _fail(self, outbox: queue.SimpleQueue, reason: str) -> None:
         """The process is gone: fail its jobs, end its sending thread; the next job starts another."""
@@ -104,7 +115,7 @@ class Drawer:
             failed, self._pending = self._pending, {}
         outbox.put(None)
         for future in failed.values():
-            if future.set_running_or_notify_cancel():
+            if future.running() or future.set_running_or_notify_cancel():
                 future.set_exception(DrawError(reason))
 
 
@@ -132,24 +143,13 @@ def main(fd: int, parent: int) -> None:
     if os.getppid() != parent:  # the host died before the line above
         return
     sock = socket.socket(fileno=fd)
-    jobs: queue.SimpleQueue = queue.SimpleQueue()
-    # Jobs are read as they come, so that the host's sending thread never waits on one running here.
-    threading.Thread(target=_read, args=(sock, jobs), daemon=True).start()
-    while (item := jobs.get()) is not None:
-        job_id, job, args = item
+    while (frame := recv_frame(sock, MAX_FRAME)) is not None:  # none once the host closed its end
+        job_id, job, args = pickle.loads(frame)
         try:
             reply = (job_id, True, JOBS[job](*args))
         except Exception as e:
             reply = (job_id, False, one_line(e) or type(e).__name__)
         send_frame(sock, pickle.dumps(reply))
-
-
-def _read(sock: socket.socket, jobs: queue.SimpleQueue) -> None:
-    try:
-        while (frame := recv_frame(sock, MAX_FRAME)) is not None:
-            jobs.put(pickle.loads(frame))
-    finally:
-        os._exit(0)  # the host closed its end: it has gone, or let this process go
 
 
 if __name__ == "__main__":
