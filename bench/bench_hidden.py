@@ -22,7 +22,6 @@ Level 3's total against level 2's, family by family, is the efficiency meter's o
 
 import argparse
 import asyncio
-import os
 import resource
 import statistics
 import time
@@ -35,10 +34,9 @@ from ptenv.tasks import efficiency
 from ptenv.tasks.functions import DEFAULT_HIDDEN_CASES, HiddenCases
 from ptenv.tasks.rows import parse_row
 from ptenv.tasks.tiers import FUNCTION_TIERS, allowlist_base
-from tests.support.proctree import tree
+from tests.support.proctree import cpu, tree
 from tests.support.sandbox import new_box
 
-TICK = os.sysconf("SC_CLK_TCK")
 REAPED = 0.5  # seconds for a fork server to reap a deleted sandbox (it looks every 0.2 s)
 
 
@@ -49,17 +47,6 @@ def own_cpu() -> float:
 
 def host_cpu() -> float:
     return own_cpu() + cpu(DRAWER.pid)
-
-
-def cpu(pid: int) -> float:
-    """A process's CPU and that of the children it reaped, in seconds. One gone since the first count
-    (the model's interpreter, which the trial's end_session kills) counts 0: its parent, counted too,
-    reaped it, so its CPU is in the parent's cutime and cstime."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return sum(int(v) for v in fields[11:15]) / TICK
 
 
 def fork_servers(bwrap_pid: int) -> list[int]:

@@ -211,26 +211,15 @@ def pss_kib(pid: int) -> int:
         return 0
 
 
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds() -> dict[str, float]:
     """This process with its drawing process, its reaped children (verifiers 0.4's agent programs),
     and every sandbox process with the ones its fork server reaped (utime + stime + cutime + cstime)."""
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    pid = getattr(rollout.DRAWER, "pid", None)  # None before the first draw, and in a checkout with a drawing thread
-    drawing = proc_cpu(pid) if pid else 0.0
+    drawing = proctree.cpu(getattr(rollout.DRAWER, "pid", None))  # a checkout with a drawing thread has none
     return {"host": own.ru_utime + own.ru_stime + drawing, "agent programs": reaped.ru_utime + reaped.ru_stime,
-            "sandboxes": sum(proc_cpu(pid) for pid in proctree.tree(forkserver_trees()))}
-
-
-def proc_cpu(pid: int) -> float:
-    """A process's CPU and that of the children it reaped, in seconds (0 for one gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return sum(int(t) for t in f.read().rsplit(")", 1)[1].split()[11:15]) / TICK
-    except (OSError, ValueError):
-        return 0.0
+            "sandboxes": sum(map(proctree.cpu, proctree.tree(forkserver_trees())))}
 
 
 def mem_available_gib() -> float:

@@ -15,6 +15,17 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[1]), int(fields[19])
 
 
+def cpu(pid: int | None) -> float:
+    """A process's CPU and that of the children it reaped (utime + stime + cutime + cstime), in
+    seconds; 0 for one gone (its parent, if counted, has it in its cutime and cstime) or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def tree(roots: list[int]) -> dict[int, int]:
     """The roots and all their descendants, as {pid: start time}."""
     children: dict[int, list[int]] = {}
