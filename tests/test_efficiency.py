@@ -16,8 +16,8 @@ LEVEL = efficiency.LEVEL
 
 WASTEFUL = """
 def trimmed_mean(x, k):
-    copies = x.unsqueeze(0).expand(4, *x.shape)
-    return copies.sort(dim=1).values[0, k:x.shape[0] - k].mean(dim=0)
+    ordered = x.sort(dim=0).values.clone()  # a copy the answer does not need: 1.4 times the budget
+    return ordered[k:x.shape[0] - k].mean(dim=0)
 """
 READS_VALUES = """
 def trimmed_mean(x, k):

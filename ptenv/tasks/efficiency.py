@@ -3,7 +3,7 @@ the answer graded as a graph (ptenv/inside/graph.py): traced without values in t
 process, run in a process without its code, its cost counted from sizes alone. The reward is the
 correctness times `factor(cost / budget)`, the budget being the cost of the family's expert
 implementation (`expert`) on the same shapes: full marks at or under it, falling with the ratio's
-logarithm to 0 at 10 times it.
+logarithm to 0 at twice it.
 
 A family has this level when its expert implementation traces without values on every class of
 hidden case: not those in UNTRACED (bench/bench_graph.py lists them; tests/test_graph.py and
@@ -20,7 +20,9 @@ from ptenv.inside import graph
 from ptenv.tasks.host_state import reference_run
 
 LEVEL = 3
-ZERO_AT = 10.0  # cost over budget where the efficiency reaches 0
+# Cost over budget where the efficiency reaches 0. Blind frontier-model solvers land at 1.0-1.4 times the
+# best graph known (docs/difficulty.md); a band to 10 times put every one of them in its top tenth.
+ZERO_AT = 2.0
 
 UNTRACED = {
     "tensor_ops/masked_select_fn": "its output's size is the number of selected values",
@@ -44,7 +46,7 @@ def has_level(family) -> bool:
 
 
 def factor(cost: int, budget: int) -> float:
-    """1.0 at or under the budget, 1 - log10(cost / budget) above it, 0.0 from ZERO_AT times it."""
+    """1.0 at or under the budget, 1 - log2(cost / budget) above it, 0.0 from ZERO_AT times it."""
     ratio = cost / max(budget, 1)
     return 1.0 if ratio <= 1 else max(0.0, 1.0 - math.log(ratio, ZERO_AT))
 
@@ -120,6 +122,8 @@ def instruction(family, example: dict) -> str:
             f"tensor) nor make a shape that depends on values (`nonzero`, a boolean mask as an index). Its cost "
             f"is counted from sizes: each op call {graph.PER_CALL}, plus every element of its tensor arguments, "
             f"plus every element of its outputs unless it returns a view (`view`, `expand`, slicing, `select`), "
-            f"plus a matrix product's multiply-adds. The reward is correctness times efficiency: 1 at or under "
+            f"plus a matrix product's multiply-adds. The graph must fit in {graph.MAX_GRAPH_BYTES // 1024} KiB of "
+            f"JSON, about 1,500 op calls (a Python loop over hundreds of steps may not): a bigger one fails the "
+            f"case. The reward is correctness times efficiency: 1 at or under "
             f"the budget (the cost of an expert implementation on the same shapes), falling to 0 at "
             f"{ZERO_AT:g} times it. On the example inputs the budget is {budget(family, example)}.")

@@ -1,8 +1,9 @@
 """Function families of the expert tier (ptenv/tasks/functions.py): losses with edge rules torch
 lacks, attention with ALiBi, grid sampling, transposed convolution, masked group norm, monotonic
-alignment search, and five backward passes (the gradients of sum(grad_out * f(...)) with respect to
-named inputs, returned as a tuple; LSQ's states its own straight-through rule). Each family's
-comment says whether torch computes its contract whole."""
+alignment search, gated retention (the efficiency level's frontier rung), and five backward passes
+(the gradients of sum(grad_out * f(...)) with respect to named inputs, returned as a tuple; LSQ's
+states its own straight-through rule). Each family's comment says whether torch computes its
+contract whole."""
 
 import torch
 
@@ -1338,5 +1339,222 @@ MONOTONIC_ALIGN = FunctionFamily(
          "cells -inf), then backtrack from (n-1, m-1), moving to i-1 only where q[i-1, j-1] > q[i, j-1].",
 )
 
+
+# --- gated retention (decayed causal linear attention) ------------------------------------------
+# torch does not compute it (no op takes products of gates between positions; the op search
+# (tests/support/op_search.py) finds none). The frontier rung of the efficiency level (issue 38):
+# its quadratic form is a few lines, and what costs little under the meter (chunks, a state carried
+# between them) takes the insight of a chunked linear-attention kernel.
+
+
+def _gated(g, *, kind="typical", dtype=torch.float32):
+    """q, k and v positive, so every output is a sum of positive terms (no cancellation near 0)."""
+    t = {"one step": 1, "no steps": 0}.get(kind, randint(g, 96, 224))
+    d, e = pick(g, [4, 8, 16]), pick(g, [4, 8, 16])
+    a = uniform(g, 0.8, 1.0, t, dtype=dtype)
+    if kind == "zeros":
+        a[torch.randperm(t - 1, generator=g)[: randint(g, 2, 8)] + 1] = 0
+    elif kind == "ones":
+        a[:] = 1
+    elif kind == "tiny":
+        a = uniform(g, 1e-6, 1e-2, t, dtype=dtype)
+    elif kind == "first gate":
+        a[0] = 0
+    return {"q": uniform(g, 0.5, 1.5, t, d, dtype=dtype), "k": uniform(g, 0.5, 1.5, t, d, dtype=dtype),
+            "v": uniform(g, 0.5, 1.5, t, e, dtype=dtype), "a": a}
+
+
+_GATED_REF = (
+    "def gated_retention(q, k, v, a):\n"
+    "    T = q.shape[0]\n"
+    "    f = torch.float64\n"
+    "    t = torch.arange(T)\n"
+    "    causal = t[None, :] <= t[:, None]\n"
+    "    gates = torch.where(causal, a.to(f)[None, :], torch.ones((), dtype=f))\n"
+    "    through = gates.flip(1).cumprod(1).flip(1)  # through[t, r] = a[r] * ... * a[t] for r <= t\n"
+    "    w = torch.where(causal, torch.cat([through[:, 1:], torch.ones(T, 1, dtype=f)], 1), torch.zeros((), dtype=f))\n"
+    "    return (((q.to(f) @ k.to(f).T) * w) @ v.to(f)).to(q.dtype)\n"
+)
+
+_GATED_RETENTION_LITERAL = """
+def gated_retention(q, k, v, a):
+    T, E = q.shape[0], v.shape[1]
+    out = torch.zeros(T, E, dtype=q.dtype)
+    for t in range(T):
+        w = torch.ones(t + 1, dtype=q.dtype)  # w[s] = w(t, s) = a[s+1] * ... * a[t]
+        for s in range(t - 1, -1, -1):
+            w[s] = w[s + 1] * a[s + 1]
+        out[t] = ((k[: t + 1] @ q[t]) * w) @ v[: t + 1]
+    return out
+"""
+
+# The recurrent form: a (D, E) state decayed by each step's gate; a step-by-step loop, so its graph is
+# over what a trial carries at the efficiency level, and it is level 2's implementation.
+_GATED_RETENTION_BY_HAND = """
+def gated_retention(q, k, v, a):
+    T, D = q.shape
+    out = torch.zeros(T, v.shape[1], dtype=q.dtype)
+    state = torch.zeros(D, v.shape[1], dtype=q.dtype)
+    for t in range(T):
+        state = a[t] * state + k[t][:, None] * v[t][None, :]
+        out[t] = q[t] @ state
+    return out
+"""
+
+# The efficiency level's budget (issue 38), the cheapest graph found (a search of our own: 2.3x under a
+# plain chunked form): chunks of steps, within a chunk the quadratic form with the gates' products from
+# a triangular product of their logs in float64, between chunks a (D, E) state; the chunk size from a
+# model of the meter's cost.
+_GATED_RETENTION_EFFICIENT = """
+def gated_retention(q, k, v, a):
+    T, D = q.shape
+    E = v.shape[1]
+    dt = q.dtype
+    f64 = torch.float64
+    if T == 0:
+        return torch.zeros(0, E, dtype=dt)
+    if T == 1:
+        return torch.mm(q, k.t()) * v
+    def _model(T, D, E, C, f32=True):
+        if T == 1:
+            return 0
+        C = min(C, T)
+        n = (T + C - 1) // C
+        P = n * C - T
+        c = 3 * (8 + 2 * T) if f32 else 2 * (8 + 2 * T)
+        if P:
+            c += 8 + T + n * C
+        c += 2 * (8 + 2 * C * C)
+        if n == 1:
+            c += (8 + T) + (8 + 2 * T + C * C + C * C) + (8 + 2 * T) + (8 + 2 * T)   # unsqueeze, mm, squeeze_, sub
+            c += 2 * (8 + T) + (8 + 2 * T + 2 * T * T)                                  # unsqueezes, addcmul
+            c += (8 + 2 * T * T) * (2 if f32 else 1)                                    # to, exp
+            c += (8 + T * D) + (8 + 2 * T * D + T * T + T * T * D) + (8 + 3 * T * T) + (8 + T * T + 2 * T * E + T * T * E)
+            return c
+        nC = n * C
+        c += (8 + nC) + (8 + 2 * nC + C * C + nC * C) + (8 + 2 * nC) + 2 * (8 + nC)   # view, mm, sub, unsq
+        c += (8 + 2 * nC + C * C + nC * C) + (8 + 2 * nC * C) * (2 if f32 else 1) + (8 + nC * C)  # addcmul, to, exp, unbind
+        c += (8 + nC) + (8 + n + 2 * nC) + (8 + 4 * nC) + (8 + 4 * nC) * (2 if f32 else 1)        # slice, sub, cat, exp, to
+        c += (8 + 2 * nC) + (8 + n)                                                       # whole
+        c += (8 + 2 * nC) + (8 + nC) + (8 + nC)                                           # intos
+        c += (8 + 2 * nC) + (8 + nC) + (8 + nC) + (nC if D <= E else 0)                    # tails
+        c += 4 * (8 + T * D) - T * D + T * E + (8 + 2 * T * E)                            # splits, t, cat
+        SQ = D < E
+        SK = D <= E
+        for i in range(n):
+            r = C if i < n - 1 else T - (n - 1) * C
+            if r < C:
+                c += (8 + C * C) + (8 + r * C) + (8 + C)
+            c += (8 + 2 * r * D + r * r + r * r * D) + (8 + 3 * r * r) + (8 + r * r + 2 * r * E + r * r * E)
+            if i >= 1:
+                if SQ:
+                    c += (8 + 2 * r * D + r) + (8 + 2 * r * E + r * D + D * E + r * D * E)
+                else:
+                    c += (8 + r * D + D * E + r * E + r * D * E) + (8 + 3 * r * E + r)
+            if i < n - 1:
+                c += (8 + 2 * C * D + C) if SK else (8 + 2 * C * E + C)
+                if i == 0:
+                    c += 8 + C * D + C * E + D * E + C * D * E
+                else:
+                    c += (8 + 1 + 2 * D * E) + (8 + 2 * D * E + C * D + C * E + C * D * E)
+        return c
+
+    C = min(range(2, min(T, 24) + 1),
+            key=lambda c: (_model(T, D, E, c, dt != f64) if (T + c - 1) // c <= 88 else float('inf'), c))
+    n = (T + C - 1) // C
+    P = n * C - T
+    # ---- decays, in float64: L[c, i] = sum_{r <= i} log a[cC + r]; zero gates clamp to 1e-12
+    la = torch.log(torch.clamp(a if dt == f64 else a.to(f64), min=1e-12))
+    if P:
+        la = torch.nn.functional.pad(la, (0, P))
+    tri = torch.tensor([[1.0 if r <= i else 0.0 for i in range(C)] for r in range(C)], dtype=f64)
+    Mp = torch.tensor([[-1.0 if j <= i else 1000.0 for j in range(C)] for i in range(C)], dtype=f64)
+    if n == 1:
+        L1 = la @ tri - 1.0
+        X = torch.addcmul(L1[:, None], L1[None, :], Mp)          # L_i - L_j (j <= i), <= -1001 above
+        W = torch.exp(X if dt == f64 else X.to(dt))
+        return torch.mm(torch.mm(q, k.t()) * W, v)
+    L = la.view(n, C) @ tri
+    L1 = L - 1.0
+    X = torch.addcmul(L1[:, :, None], L1[:, None, :], Mp)
+    Ws = torch.exp(X if dt == f64 else X.to(dt)).unbind(0)
+    ex = torch.exp(torch.cat([L, L[:, C - 1:] - L], 1))           # (n, 2C): into | tail
+    if dt != f64:
+        ex = ex.to(dt)
+    whole = ex[:, C - 1].unbind(0)
+    intos = ex[:, :C, None].unbind(0)                            # (C, 1) each
+    SQ = D < E           # scale q chunks by into (else scale the q@S rows)
+    SK = D <= E          # scale k^T chunks by tail (else v chunks)
+    tails = ex[:, None, C:].unbind(0) if SK else ex[:, C:, None].unbind(0)
+    qs = q.split(C, 0)
+    ks = k.t().split(C, 1)
+    vs = v.split(C, 0)
+    outs = []
+    S = None
+    for c in range(n):
+        Wc, ic = Ws[c], intos[c]
+        r = qs[c].shape[0]
+        if r < C:
+            Wc = Wc[:r, :r]
+            ic = ic[:r]
+        o = torch.mm(torch.mm(qs[c], ks[c]) * Wc, vs[c])
+        if S is not None:
+            if SQ:
+                o = torch.addmm(o, qs[c] * ic, S)
+            else:
+                o = torch.addcmul(o, ic, torch.mm(qs[c], S))
+        if c < n - 1:
+            if SK:
+                kt, vt = ks[c] * tails[c], vs[c]
+            else:
+                kt, vt = ks[c], vs[c] * tails[c]
+            S = torch.mm(kt, vt) if S is None else torch.addmm(whole[c] * S, kt, vt)
+        outs.append(o)
+    return torch.cat(outs, 0)
+"""
+
+GATED_RETENTION = FunctionFamily(
+    "nn_modules/gated_retention_fn", "gated_retention", ("q", "k", "v", "a"),
+    "`q` and `k` are float tensors of shape (T, D), `v` of shape (T, E) and `a` of shape (T,) (T >= 0, D, E >= 1; "
+    "float32 or float64, one dtype), every gate a[t] in [0, 1]. This is causal linear attention with a gate per "
+    "step (as gated retention and state-space layers use): return `out` of shape (T, E) with that dtype, "
+    "out[t] = the sum over s = 0, ..., t of w(t, s) * (q[t] · k[s]) * v[s], where w(t, s) = a[s+1] * a[s+2] * "
+    "... * a[t] is the product of the gates after step s up to step t (w(t, t) = 1, the empty product, so the "
+    "first gate a[0] is never used). A gate of 0 at step r cuts every step before r off from step r on; a gate "
+    "of 1 keeps it whole. When T is 0 the result has shape (0, E). On the hidden inputs q, k and v are "
+    "positive, T is at most 256 and D and E at most 16, and gates may be as small as 1e-6, where a product of "
+    "a few of them underflows float32: w(t, s) is still the product (a tiny number or 0), never NaN.",
+    (
+        Case("typical", "the product of the gates after step s up to step t", lambda g: _gated(g)),
+        Case("gates of 0", "A gate of 0 at step r", lambda g: _gated(g, kind="zeros")),
+        Case("gates of 1", "a gate of 1 keeps it whole", lambda g: _gated(g, kind="ones")),
+        Case("tiny gates", "gates may be as small as 1e-6", lambda g: _gated(g, kind="tiny")),
+        Case("first gate 0", "the first gate a[0] is never used", lambda g: _gated(g, kind="first gate")),
+        Case("one step", "w(t, t) = 1", lambda g: _gated(g, kind="one step")),
+        Case("no steps", "When T is 0", lambda g: _gated(g, kind="no steps")),
+        Case("float64 input", "float32 or float64", lambda g: _gated(g, kind=pick(g, ["zeros", "tiny"]),
+                                                                   dtype=torch.float64)),
+    ),
+    _GATED_REF,
+    wrong={
+        # w(t, s) from a[s] on: the gate of step s itself counted
+        "gate_of_step_s": _GATED_REF.replace("torch.cat([through[:, 1:], torch.ones(T, 1, dtype=f)], 1)", "through"),
+        # prefix products divided: 0 / 0 after a gate of 0, and after tiny gates' underflow
+        "prefix_ratio":
+            "def gated_retention(q, k, v, a):\n"
+            "    p = torch.cumprod(a, 0)\n"
+            "    w = torch.tril(p[:, None] / p[None, :])\n"
+            "    return ((q @ k.T) * w) @ v\n",
+        "future_steps_too": _GATED_REF.replace("torch.zeros((), dtype=f))\n    return", "torch.ones((), dtype=f))\n    return"),
+    },
+    also_correct={"efficient": _GATED_RETENTION_EFFICIENT.lstrip(), "literal": _GATED_RETENTION_LITERAL.lstrip(),
+                  "by_hand": _GATED_RETENTION_BY_HAND.lstrip()},
+    hint="the (T, T) matrix of w(t, s) for s <= t (a flipped `torch.cumprod` along each row of the gates, with "
+         "`torch.tril`), then ((q @ k.T) * w) @ v; or carry a (D, E) state over t: state = a[t] * state + "
+         "outer(k[t], v[t]), out[t] = q[t] @ state.",
+)
+
+
 FAMILIES = [CROSS_ENTROPY, CTC_LOSS, ATTENTION_ALIBI, GRID_SAMPLE, LAYER_NORM_BACKWARD, MASKED_SOFTMAX_BACKWARD,
-            BATCH_NORM_BACKWARD, RNN_CELL_BACKWARD, CONV_TRANSPOSE1D, GROUP_NORM, LSQ_BACKWARD, MONOTONIC_ALIGN]
+            BATCH_NORM_BACKWARD, RNN_CELL_BACKWARD, CONV_TRANSPOSE1D, GROUP_NORM, LSQ_BACKWARD, MONOTONIC_ALIGN,
+            GATED_RETENTION]
