@@ -1,6 +1,6 @@
 """The efficiency level (level 3, issue 38) in a real sandbox: the answer traced where no hidden value
-is, its graphs run by the executor, the score weighed by cost against the honest implementation's
-budget. An honest answer scores 1.0 at its budget, a wasteful correct one less, and an answer that
+is, its graphs run by the executor, the score weighed by cost against the expert implementation's
+budget. The expert's answer scores 1.0 at its budget, a wasteful correct one less, and an answer that
 reads values, or that is wrong, 0.0 as the model's failure, never a scoring error."""
 
 import pytest
@@ -16,7 +16,7 @@ LEVEL = efficiency.LEVEL
 
 WASTEFUL = """
 def trimmed_mean(x, k):
-    ordered = x.sort(dim=0).values.clone()  # a copy the answer does not need: 1.4 times the budget
+    ordered = x.sort(dim=0).values.clone()  # a copy the answer does not need: 1.6 times the budget
     return ordered[k:x.shape[0] - k].mean(dim=0)
 """
 READS_VALUES = """
@@ -42,10 +42,10 @@ async def assess(box, source: str, partial_credit: bool = False):
 
 @pytest.mark.slow
 @pytest.mark.rootless
-async def test_the_honest_answer_scores_one_at_its_budget_and_a_wasteful_one_less(box):
-    honest = await assess(box, TRIMMED_MEAN.by_hand)
-    assert honest.scoring_error is None and honest.verdict.score == 1.0, honest
-    assert honest.cost == {"cost": honest.cost["budget"], "budget": sum(efficiency.budgets(TRIMMED_MEAN, CASES)),
+async def test_the_experts_answer_scores_one_at_its_budget_and_a_wasteful_one_less(box):
+    expert = await assess(box, efficiency.expert(TRIMMED_MEAN))
+    assert expert.scoring_error is None and expert.verdict.score == 1.0, expert
+    assert expert.cost == {"cost": expert.cost["budget"], "budget": sum(efficiency.budgets(TRIMMED_MEAN, CASES)),
                            "efficiency": 1.0}
     wasteful = await assess(box, WASTEFUL)
     assert wasteful.scoring_error is None and wasteful.verdict.outcome == "pass", wasteful

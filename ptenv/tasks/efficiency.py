@@ -53,7 +53,7 @@ def factor(cost: int, budget: int) -> float:
 
 def expert(family) -> str:
     """The implementation that sets the budget: the family's `efficient` one of also_correct where it
-    lists one (a fresh blind solver's answer, cheaper under the meter), else its honest one."""
+    lists one (the cheapest graph known under the meter), else its honest one."""
     return family.also_correct.get("efficient", family.by_hand)
 
 

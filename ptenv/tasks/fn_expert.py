@@ -1129,17 +1129,17 @@ def lsq_backward(x, step, qmin, qmax, grad_out):
     return (torch.tensor(grad_x, dtype=x.dtype).reshape(x.shape), torch.tensor(g * total, dtype=x.dtype))
 """
 
-# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
-# the meter than `by_hand`.
+# The efficiency level's budget (issue 38): the cheapest graph known, from a search of our own with the
+# meter, 0.99 times the cost of the blind solver's answer that set it before (40 hidden sets).
 _LSQ_BACKWARD_EFFICIENT = """
 def lsq_backward(x, step, qmin, qmax, grad_out):
     import math, struct
 
     def _next(q, up, dt):
-        # next representable value after q (an integer) in dtype dt, towards +inf if up else -inf
+        # next representable value after the integer q in dtype dt, towards +inf if up else -inf
         if dt == torch.float64:
             return math.nextafter(float(q), math.inf if up else -math.inf)
-        f = struct.unpack('<f', struct.pack('<f', float(q)))[0]
+        f = float(q)
         if f == 0.0:
             b = 1 if up else 0x80000001
         else:
@@ -1147,20 +1147,32 @@ def lsq_backward(x, step, qmin, qmax, grad_out):
             b = b + 1 if (f > 0) == up else b - 1
         return struct.unpack('<f', struct.pack('<I', b))[0]
 
+    import torch
     dt = x.dtype
+    n = x.numel()
     lo = _next(qmin, True, dt)    # smallest value strictly above qmin
     hi = _next(qmax, False, dt)   # largest value strictly below qmax
-    v = x / step
+    g = 1.0 / math.sqrt(n * qmax)
+    # cost estimates (elements): elementwise (A) vs flattened two-dot (B) tails
+    cost_a = 35 + 8 * n
+    cost_b = 39 + 4 * n + (0 if x.dim() == 1 else 24 + 3 * n)
+    flat = x.dim() >= 1 and cost_b < cost_a
+    xs, gos = x, grad_out
+    if flat and x.dim() != 1:
+        xs, gos = x.reshape(-1), grad_out.reshape(-1)
+    v = xs / step
     c = torch.clamp(v, lo, hi)    # == v exactly iff qmin < v < qmax
-    r = torch.round(c)            # == round(clamp(v, qmin, qmax))
+    y = torch.round(c)            # qmin below, qmax above, round(v) inside
     inside = c == v
-    gx = grad_out * inside
-    g = 1.0 / math.sqrt(x.numel() * qmax)
-    if x.dim() == 1:
-        s = torch.dot(grad_out, r) - torch.dot(gx, v)
+    gx = gos * inside
+    if flat:
+        s = (torch.dot(gos, y) - torch.dot(gx, v)) * g
+        if x.dim() != 1:
+            gx = gx.view(x.shape)
     else:
-        s = (grad_out * r).sum() - (gx * v).sum()
-    return gx, s * g
+        t = torch.addcmul(y, inside, v, value=-1)   # d
+        s = (gos * t).sum() * g
+    return gx, s
 """
 
 LSQ_BACKWARD = FunctionFamily(

@@ -868,6 +868,27 @@ def trimmed_mean(x, k):
     return out
 """
 
+# The efficiency level's budget (issue 38): the cheapest graph known, from a search of our own with the
+# meter, 0.86 times the cost of `by_hand`, which set it before (40 hidden sets).
+_TRIMMED_MEAN_EFFICIENT = """
+import torch
+
+def trimmed_mean(x, k):
+    N, C = x.shape
+    if N == 1:
+        return x[0]
+    if k == 0:
+        return x.mean(0)
+    if N == 2 * k + 1:
+        return x.sort(dim=0).values[k]
+    NC = N * C
+    # sort path: sort 8+3NC, slice 8+NC, mean 8+(N-2k)C+C ; k=1 path: mean/amax/amin 3*(8+NC+C), 2 lerps 2*(8+3C)
+    if k == 1 and 40 + 3 * NC + 9 * C < 24 + 4 * NC + (N - 1) * C:
+        u = torch.lerp(x.mean(0), x.amax(0), -1.0 / (N - 1))
+        return torch.lerp(u, x.amin(0), -1.0 / (N - 2))
+    return x.sort(dim=0).values[k:N - k].mean(0)
+"""
+
 TRIMMED_MEAN = FunctionFamily(
     "tensor_ops/trimmed_mean_fn", "trimmed_mean", ("x", "k"),
     "`x` is a float tensor of shape (N, C) (float32 or float64; C >= 1) and `k` an int with k >= 0 and N >= 2k + 1. "
@@ -907,7 +928,7 @@ TRIMMED_MEAN = FunctionFamily(
             "    n = x.shape[0]\n"
             "    return x.sort(dim=0).values[k:n - k].sum(dim=0) / n\n",
     },
-    also_correct={"literal": _TRIMMED_MEAN_LITERAL.lstrip()},
+    also_correct={"efficient": _TRIMMED_MEAN_EFFICIENT.lstrip(), "literal": _TRIMMED_MEAN_LITERAL.lstrip()},
     hint="`torch.sort(x, dim=0).values`, then the mean of its rows k to N - k - 1.",
     allowed=(SORT,),
 )
@@ -946,17 +967,20 @@ def segment_softmax_sink(x, seg, num_segments):
     return out
 """
 
-# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
-# the meter than `by_hand`.
+# The efficiency level's budget (issue 38): the cheapest graph known, from a search of our own with the
+# meter, 0.88 times the cost of the blind solver's answer that set it before (40 hidden sets).
 _SEGMENT_SOFTMAX_SINK_EFFICIENT = """
 import torch
 
 def segment_softmax_sink(x, seg, num_segments):
-    # float64 holds exp(+-125) exactly enough, so no per-segment max shift is needed
-    x64 = x.to(torch.float64)
-    e = torch.exp(x64)
-    den = torch.ones(num_segments, dtype=torch.float64, device=x.device)  # the sink's exp(0)
-    den = den.index_add(0, seg, e)
+    if x.shape[0] == 0:
+        return x
+    if x.dtype == torch.float64:
+        e = torch.exp(x)
+    else:
+        b = torch.full((1,), 2.718281828459045, dtype=torch.float64)
+        e = torch.pow(b, x)
+    den = torch.ones(num_segments, dtype=torch.float64).index_add(0, seg, e)
     out = e / den[seg]
     return out.to(x.dtype)
 """
@@ -1068,24 +1092,22 @@ def discounted_returns(r, done, last, gamma):
     return G
 """
 
-# The efficiency level's budget (issue 38): a fresh blind solver's answer at level 3, cheaper under
-# the meter than `by_hand`.
+# The efficiency level's budget (issue 38): the cheapest graph known, from a search of our own with the
+# meter, 0.59 times the cost of the blind solver's answer that set it before (40 hidden sets).
 _DISCOUNTED_RETURNS_EFFICIENT = """
 import torch
 
 def discounted_returns(r, done, last, gamma):
     T = r.shape[0]
-    if T == 0:
-        return r.clone()
-    # per-step continuation factor: 0 where the episode ends, gamma otherwise
-    a = torch.where(done, torch.zeros((), dtype=r.dtype, device=r.device),
-                    torch.full((), float(gamma), dtype=r.dtype, device=r.device))
+    if T == 0 or gamma == 0.0:
+        return r
+    nd = done.logical_not()
     rs = r.unbind(0)
-    as_ = a.unbind(0)
+    ns = nd.unbind(0)
     outs = [None] * T
     g = last
     for t in range(T - 1, -1, -1):
-        g = rs[t] + as_[t] * g
+        g = torch.addcmul(rs[t], ns[t], g, value=gamma)
         outs[t] = g
     return torch.stack(outs, 0)
 """
