@@ -34,6 +34,47 @@ PLUMBING = {"tensor_ops/cast_trunc_int_fn": {"_to_copy", "to", "_cast_Int", "_ca
 THREAT_MODEL = Path(__file__).parent.parent / "docs" / "threat-model.md"
 
 
+# The packets a group allows that an answer reaches without writing their names: operators, indexing,
+# and the ops torch's own functions are made of (`Tensor.reshape` is `_reshape_alias`, `x.item()` is
+# `_local_scalar_dense`); every other packet the question must name, or an answer that needs it (a
+# budget's `addcmul`, `as_strided`) is one a careful solver would not dare to write.
+UNNAMED = {
+    "add": "+", "sub": "-", "rsub": "-", "mul": "*", "div": "/", "true_divide": "/", "floor_divide": "//",
+    "remainder": "%", "pow": "**", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "bitwise_not": "~",
+    "sgn": "sign", "clamp_min": "clamp", "clamp_max": "clamp", "clip": "clamp",
+    "_foreach_mul": "*", "_foreach_add": "+", "_foreach_div": "/", "_foreach_norm": "norm",
+    "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
+    "_unsafe_view": "view", "_reshape_alias": "reshape", "alias": "view", "t": ".T", "slice": "x[a:b:s]",
+    "split_with_sizes": "split", "unsafe_split": "split", "unsafe_split_with_sizes": "split", "detach": "clone",
+    "lift_fresh": "torch.tensor", "view_as_real": "view", "view_as_complex": "view", "_unsafe_index": "x[i]",
+    "constant_pad_nd": "F.pad", "empty_strided": "empty", "empty_permuted": "empty", "new_empty_strided": "new_*",
+    "scalar_tensor": "torch.tensor", "copy": "copy_", "_to_copy": ".to(dtype)", "_copy_from": "copy_",
+    "_copy_from_and_resize": "copy_", "fill": "fill_", "zero": "zero_", "resize": "new_*", "resize_as": "new_*",
+    "_local_scalar_dense": "item", "lift": "torch.tensor", "lift_fresh_copy": "torch.tensor",
+    "_assert_async": "item", "_assert_scalar": "item", "_functional_assert_async": "item",
+    "_assert_tensor_metadata": ".to(dtype)", "_stack": "torch.stack", "index": "x[i]", "index_put": "x[i] = v",
+    "_index_put_impl": "x[i] = v", "embedding": "F.embedding", "linalg_vector_norm": "norm", "_is_all_true": "all",
+    "_is_any_true": "any", "_softmax": "torch.softmax", "_log_softmax": "torch.log_softmax",
+    "_safe_softmax": "torch.softmax", "scatter_add": "scatter", "is_nonzero": "item", "empty_like": "*_like",
+    "zeros_like": "*_like", "ones_like": "*_like", "full_like": "*_like", "new_empty": "new_*", "new_zeros": "new_*",
+    "new_ones": "new_*", "new_full": "new_*",
+}
+
+
+def test_the_question_names_every_op_it_allows():
+    """An op the allowlist lets run is one the question names, or reaches by the operator or function
+    UNNAMED says, which the question names in turn."""
+    from ptenv.tasks.allowed import BASE, LOGSUMEXP, MASK, MATMUL, SCATTER, SOFTMAX, SORT
+
+    groups = (*BASE, MATMUL, SORT, SOFTMAX, SCATTER, MASK, LOGSUMEXP)
+    said = {text for group in groups for text in re.findall(r"`([^`]*)`", group.says)}
+    words = {w for text in said for w in re.split(r"[^\w*]+", text) if w}
+    unnamed = [f"{op} ({UNNAMED.get(op, op)})" for group in groups for op in group.ops
+               if not (UNNAMED.get(op, op) in said or UNNAMED.get(op, op) in words
+                       or any(UNNAMED.get(op, op) in text for text in said))]
+    assert not unnamed, "the question does not name: " + ", ".join(unnamed)
+
+
 def test_every_family_has_an_allowlist_at_its_hardest_level_only():
     for family in FAMILIES:
         assert family.allowlist(1) is None, family.id

@@ -30,6 +30,9 @@ STATUSES = ("ok", "error", "timeout", "reset")
 CELL_KEYS = {"status", "stdout", "stderr", "stdout_cut", "stderr_cut", "reset", "limit"}
 RESERVED_NAMES = ("torch", "result")
 CALL_LIMIT = 5.0  # seconds one hidden call may run
+# Seconds one trace may run at the efficiency level: make_fx takes about 1.4 ms of CPU an op call, so the
+# largest graph a trial carries (about 1,500) takes some 2 s, and a loaded machine must not fail it.
+TRACE_LIMIT = 20.0
 CASE_STATUSES = ("error", "died", "timeout")  # a failed call's status in a trial's reply
 
 
@@ -115,11 +118,12 @@ async def trial(call, sandbox_id: str, *, source: str, name: str, inputs: dict[s
     """Run the answer's function on the hidden cases' arguments in the sandbox (their expected
     outputs never leave the host): (one CaseResult per case, whether the callers ran with new
     processes refused). With `trace` (the efficiency level) the tensors go as dtypes and shapes only
-    and each case's output is the function's graph. The request's timeout is the trial's whole
-    budget: one load of the answer, every call with its grace, and the reserve the supervisor keeps
-    after its own deadline."""
-    fields = trial_fields(source, name, inputs, cases, allowlist, trace=trace)
-    doc = await send(call, sandbox_id, "trial", fields, trial_timeout(limits, len(cases)), "the trial")
+    and each case's output is the function's graph, each trace with TRACE_LIMIT. The request's
+    timeout is the trial's whole budget: one load of the answer, every call with its grace, and the
+    reserve the supervisor keeps after its own deadline."""
+    call_limit = TRACE_LIMIT if trace else CALL_LIMIT
+    fields = trial_fields(source, name, inputs, cases, allowlist, call_limit, trace=trace)
+    doc = await send(call, sandbox_id, "trial", fields, trial_timeout(limits, len(cases), call_limit), "the trial")
     return parse_trial_reply(doc, len(cases))
 
 
