@@ -1391,12 +1391,13 @@ _GATED_REF = (
 _GATED_RETENTION_LITERAL = """
 def gated_retention(q, k, v, a):
     T, E = q.shape[0], v.shape[1]
+    gates = a.tolist()
     out = torch.zeros(T, E, dtype=q.dtype)
     for t in range(T):
-        w = torch.ones(t + 1, dtype=q.dtype)  # w[s] = w(t, s) = a[s+1] * ... * a[t]
+        w = [1.0] * (t + 1)  # w[s] = w(t, s) = a[s+1] * ... * a[t]
         for s in range(t - 1, -1, -1):
-            w[s] = w[s + 1] * a[s + 1]
-        out[t] = ((k[: t + 1] @ q[t]) * w) @ v[: t + 1]
+            w[s] = w[s + 1] * gates[s + 1]
+        out[t] = ((k[: t + 1] @ q[t]) * torch.tensor(w, dtype=q.dtype)) @ v[: t + 1]
     return out
 """
 
