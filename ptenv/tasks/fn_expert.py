@@ -1355,8 +1355,9 @@ MONOTONIC_ALIGN = FunctionFamily(
 # --- gated retention (decayed causal linear attention) ------------------------------------------
 # torch does not compute it (no op takes products of gates between positions; the op search
 # (tests/support/op_search.py) finds none). The frontier rung of the efficiency level (issue 38):
-# its quadratic form is a few lines, and what costs little under the meter (chunks, a state carried
-# between them) takes the insight of a chunked linear-attention kernel.
+# its quadratic form is a few lines and 22 times the budget; what costs little under the meter is a
+# chunked kernel (the quadratic form within chunks, a state carried between them) or the recurrence
+# in a few fused op calls a step.
 
 
 def _gated(g, *, kind="typical", dtype=torch.float32):
