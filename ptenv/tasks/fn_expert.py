@@ -1415,10 +1415,12 @@ def gated_retention(q, k, v, a):
     return out
 """
 
-# The efficiency level's budget (issue 38), the cheapest graph found (a search of our own: 2.3x under a
-# plain chunked form): chunks of steps, within a chunk the quadratic form with the gates' products from
-# a triangular product of their logs in float64, between chunks a (D, E) state; the chunk size from a
-# model of the meter's cost.
+# The efficiency level's budget (issue 38), the cheapest graph known: chunks of steps (a search of our
+# own, 2.3x under a plain chunked kernel), within a chunk the quadratic form with the gates' products
+# from a triangular product of their logs in float64, between chunks a (D, E) state, the chunk size from
+# a model of the meter's cost; or, where the meter counts it cheaper (36 of 144 shapes), a blind
+# solver's recurrence, one addcmul and one mv a step. The cheaper of the two on 139 of those shapes,
+# within 4% of it on the other 5.
 _GATED_RETENTION_EFFICIENT = """
 def gated_retention(q, k, v, a):
     T, D = q.shape
@@ -1475,6 +1477,19 @@ def gated_retention(q, k, v, a):
 
     C = min(range(2, min(T, 24) + 1),
             key=lambda c: (_model(T, D, E, c, dt != f64) if (T + c - 1) // c <= 88 else float('inf'), c))
+    # the recurrence itself, a (E, D) state carried by one addcmul and read by one mv a step (a blind
+    # solver's), where the meter counts it cheaper than the chunks
+    recurrence = (32 + 2 * T * E + 2 * T * D + 2 * T * E * D + T + T * (8 + 2 * E * D + D + E)
+                  + (T - 1) * (9 + 3 * E * D) + 8 + 2 * T * E)
+    if recurrence < 0.97 * _model(T, D, E, C, dt != f64):  # the model is within 3% on a few shapes
+        kv = (v[:, :, None] * k[:, None, :]).unbind(0)
+        qs, gates = q.unbind(0), a.unbind(0)
+        state = kv[0]
+        outs = [torch.mv(state, qs[0])]
+        for t in range(1, T):
+            state = torch.addcmul(kv[t], state, gates[t])
+            outs.append(torch.mv(state, qs[t]))
+        return torch.stack(outs)
     n = (T + C - 1) // C
     P = n * C - T
     # ---- decays, in float64: L[c, i] = sum_{r <= i} log a[cC + r]; zero gates clamp to 1e-12
