@@ -20,7 +20,7 @@ from ptenv.inside import graph
 from ptenv.tasks.host_state import reference_run
 
 LEVEL = 3
-# Cost over budget where the efficiency reaches 0. Blind frontier-model solvers land at 1.0-1.4 times the
+# Cost over budget where the efficiency reaches 0. Blind frontier-model solvers land at 1.0-1.6 times the
 # best graph known (docs/difficulty.md); a band to 10 times put every one of them in its top tenth.
 ZERO_AT = 2.0
 
