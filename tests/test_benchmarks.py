@@ -24,6 +24,7 @@ SMALLEST = {  # script (and what sets a second run of it apart), its smallest ar
     "clean_exit.py": (["--repeat", "1"], "sigkill-starting"),
     "bench_drawer.py": (["--rollouts", "4"], "drawing in a process"),
     "bench_graph.py": (["--families", "tensor_ops/trimmed_mean_fn"], "1 of 1 families trace on every case; 1 pass"),
+    "bench_budget.py": (["--families", "tensor_ops/trimmed_mean_fn"], "CPU per budget, median over 1 families"),
 }
 
 

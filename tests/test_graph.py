@@ -20,7 +20,7 @@ from ptenv.inside.namespace import new_namespace
 from ptenv.tasks import efficiency
 from ptenv.tasks.fn_intermediate import TRIMMED_MEAN
 from ptenv.tasks.functions import HiddenCases
-from ptenv.tasks.tiers import find_family
+from ptenv.tasks.tiers import FUNCTION_TIERS, find_family
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED = set(TRIMMED_MEAN.allowlist(2)["allow"])
@@ -190,3 +190,20 @@ def test_a_family_without_the_efficiency_level_has_an_honest_implementation_that
     assert efficiency.LEVEL not in family.levels
     draws = (HiddenCases("graph-test-secret", 8).of(family, seed) for seed in range(8))  # one that shows it
     assert any(efficiency.problems(family, cases) for cases in draws)
+
+
+LEVEL_3 = sorted(f.id for tier in FUNCTION_TIERS.values() for f in tier if efficiency.LEVEL in f.levels)
+
+
+@pytest.mark.parametrize("family_id", LEVEL_3)
+def test_a_budget_is_the_cost_of_the_experts_graph_on_every_class_of_case(family_id):
+    """efficiency.budget counts the expert's cost without tracing it (expert_cost), but for the
+    families of TRACED_BUDGETS, where that count is not the graph's on some case: the list is
+    checked both ways. Two cases of each class, their shapes drawn afresh."""
+    family = find_family(family_id)[1]
+    assert efficiency.has_level(family)
+    cases = family.draw("budget-test", 2 * len(family.cases))
+    traced = [efficiency.expert_run(family, args)[1] for _, args in cases]
+    counted = [efficiency.expert_cost(family, args) for _, args in cases]
+    assert [efficiency.budget(family, args) for _, args in cases] == traced
+    assert (counted != traced) == (family_id in efficiency.TRACED_BUDGETS), [*zip(traced, counted)]
