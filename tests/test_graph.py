@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,27 @@ def test_a_budget_is_the_cost_of_the_experts_graph_on_every_class_of_case(family
     counted = [efficiency.expert_cost(family, args) for _, args in cases]
     assert [efficiency.budget(family, args) for _, args in cases] == traced
     assert (counted != traced) == (family_id in efficiency.TRACED_BUDGETS), [*zip(traced, counted)]
+
+
+def test_gated_retentions_expert_takes_the_cheaper_of_its_two_graphs():
+    """gated_retention's expert picks chunks or the recurrence by cost formulas of its own: on every
+    shape of a grid over the hidden sizes, the graph it picks costs at most 4% over the cheaper of the
+    two as the meter counts them, so a change to the meter cannot leave its choice stale unnoticed."""
+    family = find_family("nn_modules/gated_retention_fn")[1]
+    source, choice = efficiency.expert(family), "if recurrence < 0.97 * _model(T, D, E, C, dt != f64):"
+    assert choice in source
+
+    def cost(text, args):
+        forced = replace(family, also_correct={**family.also_correct, "efficient": text})
+        return efficiency.expert_cost(forced, args)
+
+    g, worse = torch.Generator().manual_seed(0), []
+    for t in (96, 97, 128, 161, 192, 224, 256):  # the typical draws: 96 to 224 steps; at most 256
+        for d, e in ((4, 4), (4, 16), (8, 8), (16, 4), (16, 16)):
+            args = {"q": torch.rand(t, d, generator=g), "k": torch.rand(t, d, generator=g),
+                    "v": torch.rand(t, e, generator=g), "a": torch.rand(t, generator=g)}
+            picked = cost(source, args)
+            cheaper = min(cost(source.replace(choice, f"if {route}:"), args) for route in (True, False))
+            if picked > 1.04 * cheaper:
+                worse.append((t, d, e, picked, cheaper))
+    assert not worse, worse
