@@ -109,7 +109,7 @@ def try_code(out: Path, key: str, code_file: Path) -> None:
     counts[key] = counts.get(key, 0) + 1
     counts_file.write_text(json.dumps(counts))
     reply, _ = asyncio.run(run(tasks[key], code_file.read_text(), grade=False))
-    print(reply)
+    print(reply if reply.strip() else "(the cell printed nothing: only what the code prints is shown)")
     print(f"[{TRIES - counts[key]} tries left for {key}]")
 
 
