@@ -167,7 +167,8 @@ def instruction(family, example: dict) -> str:
             f"is counted from sizes: each op call {graph.PER_CALL}, plus every element of its tensor arguments, "
             f"plus every element of its outputs unless it returns a view (`view`, `expand`, slicing, `select`), "
             f"plus a matrix product's multiply-adds. The graph must fit in {graph.MAX_GRAPH_BYTES // 1024} KiB of "
-            f"JSON, about 1,500 op calls (a Python loop over hundreds of steps may not): a bigger one fails the "
-            f"case. The reward is correctness times efficiency: 1 at or under "
+            f"JSON, about 1,500 op calls (a Python loop over hundreds of steps may not), and the tensor constants it "
+            f"holds (a table built with `torch.tensor` at trace time, say) in {graph.MAX_CONSTANT_BYTES // 1024} KiB "
+            f"together: a bigger one fails the case. The reward is correctness times efficiency: 1 at or under "
             f"the budget (the cost of an expert implementation on the same shapes), falling to 0 at "
             f"{ZERO_AT:g} times it. On the example inputs the budget is {budget(family, example)}.")

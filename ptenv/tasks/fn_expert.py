@@ -1631,39 +1631,108 @@ def smaller_before(x, margin):
     return out
 """
 
-# The efficiency level's budget: the divide and conquer of a merge sort. Blocks of 2h entries, for h
-# = 1, 2, 4, ...: each entry of a block's right half counts the entries of its left half that are
-# below its query x - margin. For small h by comparing them all; above, by sorting the queries of the
-# right half and the left half's entries together (queries first: a tie is not below) and taking each
-# query's position there, less the query's rank in its own half.
-# (A search of our own with the meter: 5% under our first version, over 40 hidden sets.)
+# The efficiency level's budget: the divide and conquer of a merge sort (a search of our own with the
+# meter, 0.62 times our first over 40 hidden sets, which two blind answers had beaten). Blocks
+# of 2h entries, for h = 1, 2, 4, ...: each entry of a block's right half counts the entries of its left
+# half below its query x - margin, for small h by comparing them all, above by sorting the right half's
+# queries and the left half's entries together (queries first: a tie is not below) and taking each
+# query's position there, less its rank among the queries; the counts added in place into a strided
+# view of the answer. The padded length is the one its cost model prices cheapest (not the next power
+# of two: 709 entries take 712), a last block of another size merged unevenly; at margin 0 one
+# descending sort of each block a level, the previous level's positions giving the ranks.
 _SMALLER_BEFORE_EFFICIENT = """
+def _plan_cost(M, N, B, H0, margin=1.0):
+    S = B * M
+    c = 0
+    if M > N:
+        c += 8 + B * N + S
+    c += 8 + 2 * S * (margin != 0) + 8 + 2 * S + 8 + 2.5 * S + 8 + 3 * S  # xq, views, gt, sum (level 0)
+    h = 2
+    while h < M:
+        n = M // (2 * h)
+        r = M - 2 * h * n
+        parts = ([(B * n, h)] if n else []) + ([(B, r - h)] if r > h else [])
+        for k, hq in parts:
+            hl = h
+            c += 3 * (8 + S)
+            if h <= H0:
+                c += 8 + k * (hq + hl + hq * hl) + 8 + k * (hq * hl + hq) + 8 + 3 * k * hq
+            else:
+                c += 2 * (8 + 3 * k * hq) + 8 + 2 * k * (hq + hl) + 2 * (8 + 3 * k * (hq + hl)) + 8 + k * (hq + hl) + 2 * (8 + 3 * k * hq)
+        h *= 2
+    return c
+
+
 def smaller_before(x, margin):
     B, N = x.shape
     if N <= 1:
         return torch.zeros(B, N, dtype=torch.int64)
-    L = (N - 1).bit_length()
-    P = 1 << L
-    xp = torch.nn.functional.pad(x, (0, P - N), value=float('inf')) if P > N else x
-    xq = xp - margin
-    acc = None
-    for l in range(L):
-        h = 1 << l
-        n = P // (2 * h)
-        if h <= 8:
-            cnt = torch.gt(xq.as_strided((B, n, h, 1), (P, 2 * h, 1, 1), h),
-                           xp.as_strided((B, n, 1, h), (P, 2 * h, h, 1), 0)).sum(-1)
-        else:
-            left = xp.as_strided((B, n, h), (P, 2 * h, 1), 0)
-            qr = xq.as_strided((B, n, h), (P, 2 * h, 1), h)
-            right = xp.as_strided((B, n, h), (P, 2 * h, 1), h)
-            rank = torch.argsort(torch.sort(right, dim=-1, stable=True)[1], dim=-1)
-            order = torch.sort(torch.cat([qr, left], -1), dim=-1, stable=True)[1]
-            cnt = torch.argsort(order, dim=-1)[..., :h] - rank
-        full = torch.nn.functional.pad(cnt, (h, 0))
-        acc = full if acc is None else acc.view(B, n, 2 * h) + full
-    acc = acc.view(B, P)
-    return acc[:, :N] if P > N else acc
+    H0 = 8
+    best = None
+    for M in range(N + (N & 1), 2 * N + 2, 2):
+        c = _plan_cost(M, N, B, H0, margin)
+        if best is None or c < best[0]:
+            best = (c, M)
+    M = best[1]
+    xp = torch.nn.functional.pad(x, (0, M - N), value=float('inf')) if M > N else x
+    xq = xp - margin if margin != 0 else xp
+    n = M // 2
+    acc = torch.gt(xq.view(B, n, 2, 1), xp.as_strided((B, n, 1, 1), (M, 2, 1, 1), 0)).sum(-1)
+    h = 2
+    z = margin == 0
+    U = T = None
+    const = [0] * M if z else None
+    while h < M:
+        n = M // (2 * h)
+        r = M - 2 * h * n
+        parts = ([(n, h, 0, False)] if n else []) + ([(1, r - h, 2 * h * n, True)] if r > h else [])
+        Un = Tn = None
+        for k, hq, o, tail in parts:
+            if h <= H0:
+                qr = xq.as_strided((B, k, hq, 1), (M, 2 * h, 1, 1), o + h)
+                left = xp.as_strided((B, k, 1, h), (M, 2 * h, h, 1), o)
+                av = acc.as_strided((B, k, hq), (M, 2 * h, 1), o + h)
+                av.add_(torch.gt(qr, left).sum(-1))
+            elif z:
+                av = acc.as_strided((B, k, hq), (M, 2 * h, 1), o + h)
+                prev = None
+                if not tail and U is not None:
+                    prev = U.as_strided((B, k, h), (U.shape[1] * U.shape[2], 2 * h, 1), h)
+                elif tail and T is not None:
+                    prev = T
+                if prev is None:
+                    qr = xq.as_strided((B, k, hq), (M, 2 * h, 1), o + h)
+                    prev = torch.argsort(torch.sort(qr, dim=-1, descending=True, stable=True)[1], dim=-1)
+                blk = xp.as_strided((B, k, h + hq), (M, 2 * h, 1), o)
+                pos = torch.argsort(torch.sort(blk, dim=-1, descending=True, stable=True)[1], dim=-1)
+                av.add_(prev)
+                av.sub_(pos[..., h:])
+                for b in range(k):
+                    for t in range(o + 2 * h * b + h, o + 2 * h * b + h + hq):
+                        const[t] += h
+                if not tail:
+                    Un = pos
+                else:
+                    Tn = pos
+            else:
+                qr = xq.as_strided((B, k, hq), (M, 2 * h, 1), o + h)
+                left = xp.as_strided((B, k, h), (M, 2 * h, 1), o)
+                av = acc.as_strided((B, k, hq), (M, 2 * h, 1), o + h)
+                rank = torch.argsort(torch.sort(qr, dim=-1, stable=True)[1], dim=-1)
+                order = torch.sort(torch.cat([qr, left], -1), dim=-1, stable=True)[1]
+                av.add_(torch.argsort(order, dim=-1)[..., :hq])
+                av.sub_(rank)
+        if z and h > H0:
+            if 0 < r < h:
+                Tn = T
+            elif r == h and U is not None:
+                Tn = U.as_strided((B, 1, h), (U.shape[1] * U.shape[2], h, 1), (U.shape[1] - 1) * h)
+            U, T = Un, Tn
+        h *= 2
+    out = acc.as_strided((B, N), (M, 1), 0)
+    if z and any(const):
+        out = out + torch.tensor(const[:N], dtype=torch.int64)
+    return out
 """
 
 SMALLER_BEFORE = FunctionFamily(
