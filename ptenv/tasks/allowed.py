@@ -40,7 +40,7 @@ VIEWS = Group(
     "views and reshapes (`view`, `reshape`, `flatten`, `permute`, `transpose`, `.T`, `squeeze`, `unsqueeze`, "
     "`expand`, `narrow`, slicing `x[a:b:s]`, `select`, `unbind`, `split`, `chunk`, `flip`, `roll`, `repeat`, `movedim`, "
     "`diagonal`, `as_strided` (any sizes and strides over the tensor's own elements), `detach`, constant padding "
-    "`F.pad(x, p)`)",
+    "`F.pad(x, p, value=c)` with any constant c)",
     ("as_strided", "view", "_unsafe_view", "_reshape_alias", "alias", "permute", "transpose", "t", "squeeze", "unsqueeze", "expand",
      "slice", "select", "narrow", "split", "split_with_sizes", "unbind", "chunk", "diagonal", "flip", "detach",
      "lift_fresh", "view_as_real", "view_as_complex", "unsafe_split", "unsafe_split_with_sizes", "_unsafe_index",

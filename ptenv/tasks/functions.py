@@ -179,7 +179,7 @@ def question(f: FunctionFamily, example: Args, level: int) -> str:
 def allowlist_text(f: FunctionFamily) -> str:
     """The hardest level's rule, as the instruction states it."""
     text = ("On the hidden inputs only these operations run: " + "; ".join(g.says for g in f.groups)
-            + ". torch functions made of them run too (`torch.matmul`, `F.pad` with zeros, `Tensor.reshape`, "
+            + ". torch functions made of them run too (`torch.matmul`, `F.pad` with a constant, `Tensor.reshape`, "
             "...); every other operation raises an error that names it, and so do numpy and ctypes.")
     if f.banned:
         text += " Not here: " + ", ".join(f"`torch.ops.aten.{op}`" for op in f.banned) + "."
