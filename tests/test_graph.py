@@ -151,6 +151,22 @@ def test_views_that_hide_copies_cost_what_they_read():
     assert cost >= honest + 3 * 63 * n * c  # the sort read and wrote 64 copies
 
 
+def test_as_strided_lays_out_its_own_elements_and_reaches_no_other():
+    """Windows that overlap, over a slice, run and pay for what they read; a one-element view laid
+    over its whole storage (a read of one, for the lot) fails the case, naming it."""
+    _, args, _ = CASES[0]
+    windows = """
+        def trimmed_mean(x, k):
+            rows = x[1:]
+            return rows.as_strided((rows.shape[0] - 1, 2, rows.shape[1]), (rows.shape[1], rows.shape[1], 1)).sum(1)
+        """
+    outputs, _ = run(windows, args)
+    assert torch.equal(outputs[0], args["x"][1:-1] + args["x"][2:])
+    whole = "def trimmed_mean(x, k):\n    return x[:1, :1].as_strided(x.shape, x.stride()).sum(0)\n"
+    with pytest.raises(GraphError, match="as_strided.*outside its tensor"):
+        run(whole, args)
+
+
 def test_element_by_element_ops_cost_more_than_one_op_on_all():
     _, args, _ = CASES[0]
     n, c = args["x"].shape

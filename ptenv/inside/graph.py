@@ -200,6 +200,8 @@ def run(graph: dict, inputs: dict, allowed: set[str]) -> tuple[list, int]:
             raise GraphError(f"{name} is not on this task's allowlist")
         op = resolve(name)
         try:
+            if packet(name) == "aten::as_strided":
+                _within_its_tensor(args, kwargs)
             out = op(*args, **kwargs)
         except Exception as e:
             raise GraphError(f"node {i} ({name}) failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
@@ -211,6 +213,19 @@ def run(graph: dict, inputs: dict, allowed: set[str]) -> tuple[list, int]:
     if len(outputs) > MAX_OUTPUTS:
         raise GraphError(f"the graph returns {len(outputs)} tensors; at most {MAX_OUTPUTS} are read")
     return outputs, cost
+
+
+def _within_its_tensor(args, kwargs) -> None:
+    """`as_strided` lays out its tensor's own elements as it likes (the question says so), but must not
+    reach the rest of their storage: a view of one element laid over a whole buffer would cost a read
+    of one."""
+    t, size, stride = args[0], args[1], args[2]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    storage = torch.arange(t.untyped_storage().nbytes() // t.element_size())
+    own = storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    laid = storage.as_strided(size, stride, t.storage_offset() if offset is None else offset)
+    if not torch.isin(laid.flatten(), own.flatten()).all():
+        raise ValueError("it lays out elements of the storage outside its tensor")
 
 
 def resolve(name: str) -> torch._ops.OpOverload:
