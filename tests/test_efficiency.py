@@ -87,3 +87,32 @@ async def test_a_trace_has_its_own_longer_limit(box):
     assert sleep < requests.TRACE_LIMIT
     slow = await assess(box, SLOW_TRACE.replace("SLEEP", repr(sleep)))
     assert slow.scoring_error is None and slow.verdict.outcome == "pass", slow.verdict
+
+
+STRIDED = """
+def trimmed_mean(x, k):
+    ordered = x.sort(dim=0).values
+    columns = ordered.t()  # not contiguous: the executor checks each laid element is the tensor's own
+    kept = columns.as_strided((columns.shape[0], columns.shape[1] - 2 * k), columns.stride(),
+                              columns.storage_offset() + k * columns.stride(1))
+    return kept.mean(dim=1)
+"""
+BEYOND = """
+def trimmed_mean(x, k):
+    ordered = x.sort(dim=0).values
+    corner = ordered[:1, :1]  # one element, laid over the whole buffer
+    rows = corner.as_strided((ordered.shape[0] - 2 * k, ordered.shape[1]), ordered.stride(), k * ordered.shape[1])
+    return rows.mean(dim=0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.rootless
+async def test_as_strided_runs_over_its_own_elements_under_the_allowlist_and_no_further(box):
+    """The executor's check of as_strided runs under the task's allowlist: over a transposed tensor's
+    own elements the answer passes; laid past a one-element view it is the model's 0, naming it."""
+    strided = await assess(box, STRIDED)
+    assert strided.scoring_error is None and strided.verdict.outcome == "pass", strided.verdict
+    beyond = await assess(box, BEYOND)
+    assert beyond.scoring_error is None and beyond.verdict.score == 0.0
+    assert "outside its tensor" in beyond.verdict.reason, beyond.verdict.reason

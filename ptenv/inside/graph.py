@@ -218,13 +218,28 @@ def run(graph: dict, inputs: dict, allowed: set[str]) -> tuple[list, int]:
 def _within_its_tensor(args, kwargs) -> None:
     """`as_strided` lays out its tensor's own elements as it likes (the question says so), but must not
     reach the rest of their storage: a view of one element laid over a whole buffer would cost a read
-    of one."""
-    t, size, stride = args[0], args[1], args[2]
+    of one. Arithmetic on the sizes and strides, and for a tensor that is not contiguous, each laid
+    element's position decomposed along the tensor's strides: ops every allowlist keeps, since this
+    runs under the task's allowlist."""
+    t, size, stride = args[0], list(args[1]), list(args[2])
     offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
-    storage = torch.arange(t.untyped_storage().nbytes() // t.element_size())
-    own = storage.as_strided(t.shape, t.stride(), t.storage_offset())
-    laid = storage.as_strided(size, stride, t.storage_offset() if offset is None else offset)
-    if not torch.isin(laid.flatten(), own.flatten()).all():
+    offset = t.storage_offset() if offset is None else offset
+    if math.prod(size) == 0:
+        return
+    low = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride))
+    high = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride))
+    start = t.storage_offset()
+    if t.numel() == 0 or low < start or high > start + sum((n - 1) * s for n, s in zip(t.shape, t.stride())):
+        raise ValueError("it lays out elements of the storage outside its tensor")
+    if t.is_contiguous():
+        return  # its own elements are every position from its first to its last
+    rest = torch.arange(high + 1).as_strided(size, stride, offset) - start
+    for s, n in sorted(((s, n) for n, s in zip(t.shape, t.stride()) if n > 1), reverse=True):
+        index = torch.div(rest, s, rounding_mode="floor")
+        if not bool((index < n).all()):
+            raise ValueError("it lays out elements of the storage outside its tensor")
+        rest = rest - index * s
+    if not bool((rest == 0).all()):
         raise ValueError("it lays out elements of the storage outside its tensor")
 
 
