@@ -234,7 +234,7 @@ def _within_its_tensor(args, kwargs) -> None:
     if t.is_contiguous():
         return  # its own elements are every position from its first to its last
     rest = torch.arange(high + 1).as_strided(size, stride, offset) - start
-    for s, n in sorted(((s, n) for n, s in zip(t.shape, t.stride()) if n > 1), reverse=True):
+    for s, n in sorted(((s, n) for n, s in zip(t.shape, t.stride()) if n > 1 and s > 0), reverse=True):
         index = torch.div(rest, s, rounding_mode="floor")
         if not bool((index < n).all()):
             raise ValueError("it lays out elements of the storage outside its tensor")
