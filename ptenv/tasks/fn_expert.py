@@ -1625,9 +1625,8 @@ _SMALLER_BEFORE_LITERAL = """
 def smaller_before(x, margin):
     B, N = x.shape
     out = torch.zeros(B, N, dtype=torch.int64)
-    for b in range(B):
-        for i in range(N):
-            out[b, i] = int((x[b, i] - x[b, :i] > margin).sum())
+    for i in range(N):
+        out[:, i] = (x[:, i:i + 1] - x[:, :i] > margin).sum(1)
     return out
 """
 
